@@ -80,18 +80,26 @@ impl FromStr for Arch {
 /// SASS is not compatible across major versions, and kern does not rely on minor-version
 /// compatibility.
 pub fn select(images: &[Image], device: Arch) -> Option<(usize, &Image)> {
-    let sass = images.iter().enumerate().filter(|(_, im)| im.kind == ImageKind::Cubin);
+    let all: Vec<usize> = (0..images.len()).collect();
+    select_among(images, &all, device).map(|i| (i, &images[i]))
+}
+
+/// [`select`] restricted to the images at `candidates` (one container's); returns an index
+/// into `images`.
+pub fn select_among(images: &[Image], candidates: &[usize], device: Arch) -> Option<usize> {
+    let pick = |i: &usize| images.get(*i).map(|im| (*i, im));
+    let sass = candidates.iter().filter_map(pick).filter(|(_, im)| im.kind == ImageKind::Cubin);
     // Prefer an arch-specific build (sm_90a) over a generic one (sm_90): it can only be used on
     // the exact SM, and it was built to use that SM's features.
     let exact = sass
         .filter(|(_, im)| im.arch.is_some_and(|a| a.sm == device.sm))
         .max_by_key(|(_, im)| im.arch.and_then(|a| a.suffix).is_some());
-    if exact.is_some() {
-        return exact;
+    if let Some((i, _)) = exact {
+        return Some(i);
     }
-    images
+    candidates
         .iter()
-        .enumerate()
+        .filter_map(pick)
         .filter(|(_, im)| im.kind == ImageKind::Ptx)
         .filter(|(_, im)| match im.arch {
             // Arch-specific PTX (compute_90a) only JITs for that exact SM.
@@ -100,6 +108,7 @@ pub fn select(images: &[Image], device: Arch) -> Option<(usize, &Image)> {
             None => false,
         })
         .max_by_key(|(_, im)| im.arch.map(|a| a.sm))
+        .map(|(i, _)| i)
 }
 
 #[cfg(test)]
@@ -123,6 +132,7 @@ mod tests {
             compressed: false,
             compression: crate::Compression::None,
             offset: 0,
+            container: 0,
             size: 0,
             name: None,
             toolkit: None,

@@ -35,6 +35,7 @@ pub(crate) fn read_cubin(ctx: &Ctx, data: &[u8], offset: u64, compression: Compr
         compressed: compression != Compression::None,
         compression,
         offset,
+        container: 0,
         size: data.len() as u64,
         name: None,
         toolkit: kernels_and_meta.toolkit,

@@ -28,6 +28,9 @@ pub const MAX_IMAGE_BYTES: u64 = 256 << 20;
 /// One entry of a fatbin container, as listed (before decompression).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
+    /// Index of the container (module) this entry belongs to, counted from the first
+    /// container in the buffer.
+    pub container: u32,
     pub kind: u16,
     /// Offset of the entry header within the buffer that was parsed.
     pub offset: u64,
@@ -63,6 +66,7 @@ pub fn is_fatbin(data: &[u8]) -> bool {
 pub(crate) fn entries(ctx: &Ctx, data: &[u8], base: u64) -> Result<Vec<Entry>> {
     let mut out = Vec::new();
     let mut off = 0usize;
+    let mut container = 0u32;
     loop {
         // Skip alignment padding between containers.
         while off < data.len() && data[off] == 0 {
@@ -88,12 +92,13 @@ pub(crate) fn entries(ctx: &Ctx, data: &[u8], base: u64) -> Result<Vec<Entry>> {
             .ok_or_else(|| ctx.err(at + 8, format!("fatbin declares {size} bytes of entries, but only {} remain", data.len().saturating_sub(start))))?;
         let mut e = start;
         while e < end {
-            let entry = read_entry(ctx, &data[..end], e, base)?;
+            let entry = read_entry(ctx, &data[..end], e, base, container)?;
             let next = e as u64 + u64::from(entry.header_size) + entry.payload_size;
             out.push(entry);
             e = usize::try_from(next).map_err(|_| ctx.err(base + e as u64, "entry size overflows"))?;
         }
         off = end;
+        container += 1;
     }
     Ok(out)
 }
@@ -102,7 +107,7 @@ fn hex_head(d: &[u8]) -> String {
     d.iter().take(8).map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")
 }
 
-fn read_entry(ctx: &Ctx, data: &[u8], off: usize, base: u64) -> Result<Entry> {
+fn read_entry(ctx: &Ctx, data: &[u8], off: usize, base: u64, container: u32) -> Result<Entry> {
     let at = base + off as u64;
     let short = || ctx.err(at, format!("truncated fatbin entry header (needs 64 bytes, {} remain)", data.len() - off));
     let kind = data.u16_at(off).ok_or_else(short)?;
@@ -134,7 +139,7 @@ fn read_entry(ctx: &Ctx, data: &[u8], off: usize, base: u64) -> Result<Entry> {
     } else {
         None
     };
-    Ok(Entry { kind, offset: at, header_size, payload_size, compressed_size, arch, flags, uncompressed_size, name })
+    Ok(Entry { container, kind, offset: at, header_size, payload_size, compressed_size, arch, flags, uncompressed_size, name })
 }
 
 /// The decompressed payload of `entry` (whose header is at `entry.offset - base` in `data`).
@@ -188,8 +193,9 @@ pub(crate) fn payload(ctx: &Ctx, data: &[u8], base: u64, entry: &Entry) -> Resul
     Ok(out)
 }
 
-/// Reads every image of the containers in `data`.
-pub(crate) fn read_images(ctx: &Ctx, data: &[u8], base: u64) -> Result<Vec<Image>> {
+/// Reads every image of the containers in `data`; containers are numbered from
+/// `first_container`.
+pub(crate) fn read_images(ctx: &Ctx, data: &[u8], base: u64, first_container: u32) -> Result<Vec<Image>> {
     let mut images = Vec::new();
     for (i, e) in entries(ctx, data, base)?.iter().enumerate() {
         let kind = if e.kind == KIND_ELF { "ELF" } else { "PTX" };
@@ -208,6 +214,7 @@ pub(crate) fn read_images(ctx: &Ctx, data: &[u8], base: u64) -> Result<Vec<Image
             im.arch = Some(crate::Arch::new(e.arch));
         }
         im.name = e.name.clone();
+        im.container = first_container + e.container;
         images.push(im);
     }
     Ok(images)

@@ -22,7 +22,8 @@ pub(crate) fn read_host(ctx: &Ctx, data: &[u8]) -> Result<Vec<Image>> {
         let Some((off, _)) = sec.file_range() else { continue };
         let bytes = sec.data().map_err(|e| ctx.err(off, format!("section {name} lies past the end of the file: {e}")))?;
         let sctx = ctx.nested(format!("section {name}"));
-        images.extend(fatbin::read_images(&sctx, bytes, off)?);
+        let first = images.iter().map(|im: &Image| im.container + 1).max().unwrap_or(0);
+        images.extend(fatbin::read_images(&sctx, bytes, off, first)?);
     }
     if !found {
         return Err(ctx.err(0, "this host binary has no .nv_fatbin or __nv_relfatbin section: it embeds no device code"));

@@ -81,6 +81,10 @@ pub struct Image {
     pub compression: Compression,
     /// Byte offset of this image's entry in the file it was read from (0 for a bare file).
     pub offset: u64,
+    /// Which fatbin container (module) the image belongs to: a host binary built from several
+    /// `.cu` files holds one container per file, each with its own images for each arch. 0 for
+    /// a bare cubin or PTX file.
+    pub container: u32,
     /// Size of the (decompressed) image in bytes.
     pub size: u64,
     /// The fatbin entry's object name, where it records one.
@@ -151,11 +155,41 @@ pub struct Param {
 }
 
 impl Binary {
-    /// The image kern would load on a device of architecture `arch`: an exact SASS match
-    /// (same SM and, for `sm_90a`-style images, the same feature suffix), else the newest PTX
-    /// whose target is not newer than `arch`. None when nothing fits.
+    /// The image kern would load on a device of architecture `arch`, for files with one
+    /// container (module): an exact SASS match, else the newest PTX whose target is not newer
+    /// than `arch` (see [`arch::select`]). For a file with several containers this is the
+    /// choice in the first container whose choice has kernels; use [`Binary::selected`] or
+    /// [`Binary::find_kernel`] there.
     pub fn select(&self, arch: Arch) -> Option<(usize, &Image)> {
-        arch::select(&self.images, arch)
+        let sel = self.selected(arch);
+        sel.iter()
+            .find(|&&i| !self.images[i].kernels.is_empty())
+            .or(sel.first())
+            .map(|&i| (i, &self.images[i]))
+    }
+
+    /// The image kern would load from each container, in container order (containers where no
+    /// image fits are left out).
+    pub fn selected(&self, arch: Arch) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut containers: Vec<u32> = self.images.iter().map(|im| im.container).collect();
+        containers.sort_unstable();
+        containers.dedup();
+        for c in containers {
+            let idx: Vec<usize> = (0..self.images.len()).filter(|&i| self.images[i].container == c).collect();
+            if let Some(j) = arch::select_among(&self.images, &idx, arch) {
+                out.push(j);
+            }
+        }
+        out
+    }
+
+    /// The loaded image that defines kernel `name`, and the kernel.
+    pub fn find_kernel(&self, arch: Arch, name: &str) -> Option<(usize, &Image, &Kernel)> {
+        self.selected(arch).into_iter().find_map(|i| {
+            let im = &self.images[i];
+            im.kernel(name).map(|k| (i, im, k))
+        })
     }
 
     /// Every kernel in every image, with its image index.

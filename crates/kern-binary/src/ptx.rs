@@ -69,6 +69,7 @@ pub(crate) fn read_ptx(ctx: &Ctx, data: &[u8], offset: u64, compression: Compres
         compressed: compression != Compression::None,
         compression,
         offset,
+        container: 0,
         size: data.len() as u64,
         name: None,
         toolkit: None,

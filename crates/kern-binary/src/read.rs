@@ -12,7 +12,7 @@ pub fn read(data: &[u8], file: &str) -> Result<Binary> {
     } else if data.starts_with(b"\x7fELF") {
         (FileKind::HostElf, host::read_host(&ctx, data)?)
     } else if fatbin::is_fatbin(data) {
-        (FileKind::Fatbin, fatbin::read_images(&ctx, data, 0)?)
+        (FileKind::Fatbin, fatbin::read_images(&ctx, data, 0, 0)?)
     } else if ptx::is_ptx(data) {
         (FileKind::Ptx, vec![ptx::read_ptx(&ctx, data, 0, Compression::None)?])
     } else {

@@ -19,11 +19,36 @@ pub struct Args {
     /// Output path (default: <file stem>.<arch>.cubin or .ptx in the current directory).
     #[arg(short, long)]
     output: Option<PathBuf>,
+    /// Take the module that defines this kernel (mangled name), when the file holds several
+    /// modules (one per .cu file it was built from).
+    #[arg(long)]
+    kernel: Option<String>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let bin = kern_binary::read_file(&args.file)?;
-    let Some((i, im)) = bin.select(args.arch) else {
+    let with_kernels: Vec<usize> = bin.selected(args.arch).into_iter().filter(|&i| !bin.images[i].kernels.is_empty()).collect();
+    let choice = match &args.kernel {
+        Some(name) => match bin.find_kernel(args.arch, name) {
+            Some((i, im, _)) => Some((i, im)),
+            None => bail!("{}: no image loadable on {} defines kernel `{name}` (see `kern inspect {}`)", bin.file, args.arch, args.file.display()),
+        },
+        None if with_kernels.len() > 1 => {
+            let list: Vec<String> = with_kernels
+                .iter()
+                .map(|&i| format!("module {}: {}", bin.images[i].container, bin.images[i].kernels.iter().map(|k| k.name.as_str()).take(3).collect::<Vec<_>>().join(", ")))
+                .collect();
+            bail!(
+                "{}: {} modules have kernels for {}; choose one with --kernel NAME:\n  {}",
+                bin.file,
+                with_kernels.len(),
+                args.arch,
+                list.join("\n  ")
+            );
+        }
+        None => bin.select(args.arch),
+    };
+    let Some((i, im)) = choice else {
         let have: Vec<String> = bin
             .images
             .iter()

@@ -27,11 +27,11 @@ pub fn parse_arch(s: &str) -> std::result::Result<Arch, String> {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let bin = kern_binary::read_file(&args.file)?;
-    let selected = bin.select(args.arch).map(|(i, _)| i);
+    let selected = bin.selected(args.arch);
     if args.json {
         let mut v = serde_json::to_value(&bin)?;
         v["arch"] = serde_json::Value::String(args.arch.to_string());
-        v["selected"] = selected.map_or(serde_json::Value::Null, |i| i.into());
+        v["selected"] = selected.clone().into();
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", listing(&bin, args.arch, selected));
@@ -39,7 +39,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn listing(bin: &Binary, arch: Arch, selected: Option<usize>) -> String {
+fn listing(bin: &Binary, arch: Arch, selected: Vec<usize>) -> String {
     let mut s = String::new();
     let kind = match bin.kind {
         kern_binary::FileKind::Cubin => "cubin",
@@ -47,14 +47,16 @@ fn listing(bin: &Binary, arch: Arch, selected: Option<usize>) -> String {
         kern_binary::FileKind::Fatbin => "fatbin",
         kern_binary::FileKind::HostElf => "host ELF",
     };
-    let _ = writeln!(s, "{}: {kind}, {} image(s)", bin.file, bin.images.len());
+    let containers = bin.images.iter().map(|im| im.container + 1).max().unwrap_or(0);
+    let _ = writeln!(s, "{}: {kind}, {} image(s) in {containers} module(s)", bin.file, bin.images.len());
     if bin.images.len() > 1 || bin.kind != kern_binary::FileKind::Cubin {
-        let _ = writeln!(s, "\n  #  kind   arch      stored        bytes  kernels");
+        let _ = writeln!(s, "\n  #   module  kind   arch      stored        bytes  kernels");
         for (i, im) in bin.images.iter().enumerate() {
-            let mark = if selected == Some(i) { format!("  <- loaded on {arch}") } else { String::new() };
+            let mark = if selected.contains(&i) { format!("  <- loaded on {arch}") } else { String::new() };
             let _ = writeln!(
                 s,
-                "  {i:<2} {:<6} {:<9} {:<9} {:>9}  {:>7}{mark}",
+                "  {i:<3} {:<7} {:<6} {:<9} {:<9} {:>9}  {:>7}{mark}",
+                im.container,
                 kind_name(im.kind),
                 im.arch.map_or("?".into(), |a| a.to_string()),
                 format!("{:?}", im.compression).to_lowercase(),
@@ -62,7 +64,7 @@ fn listing(bin: &Binary, arch: Arch, selected: Option<usize>) -> String {
                 im.kernels.len()
             );
         }
-        if selected.is_none() {
+        if selected.is_empty() {
             let _ = writeln!(s, "  no image can be loaded on {arch}: no {arch} cubin and no PTX for an older or equal target");
         }
     }
