@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# kern's test command (the one README names and CI runs): build the GPU-binary fixtures with
+# the pinned PyPI toolchain, then run every host test of the workspace.
+#
+#   bash scripts/setup-toolchain.sh   # once
+#   bash scripts/test.sh
+#
+# GPU tests are a separate suite (scripts/gpu/, run on a machine with an NVIDIA GPU); this
+# script does not run them and says so.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+export KERN_CUDA_VENV="${KERN_CUDA_VENV:-$REPO/.venv-cuda}"
+if [[ ! -d "$KERN_CUDA_VENV" ]]; then
+  echo "test: error: no CUDA toolchain venv at $KERN_CUDA_VENV: run 'bash scripts/setup-toolchain.sh' first" >&2
+  exit 1
+fi
+echo "== building fixtures"
+bash scripts/build-fixtures.sh
+echo "== cargo test"
+cargo test --workspace --locked
+echo "== GPU suite: SKIPPED here (needs an NVIDIA GPU: see README, 'GPU tests')"
