@@ -2,7 +2,8 @@
 //! `object` crate; the CUDA-specific parts (`.nv.info` records, the arch in `e_flags`, the
 //! `.note.nv.cuinfo` note) are read here.
 //!
-//! A kernel is a symbol with `STT_FUNC`, `STB_GLOBAL` and `STO_ENTRY` (0x10 in `st_other`).
+//! A kernel is a symbol with `STT_FUNC`, `STB_GLOBAL` (or `STB_WEAK`, for template instances
+//! in relocatable cubins) and `STO_ENTRY` (0x10 in `st_other`).
 //! Its metadata is in `.nv.info.<kernel>` (whose `sh_info` is the kernel's `.text` section),
 //! plus per-function records in the module-wide `.nv.info`, keyed by symbol index.
 
@@ -127,8 +128,10 @@ fn parse(ctx: &Ctx, data: &[u8]) -> Result<Parsed> {
     let symbols = sections.symbols(endian, data, elf::SHT_SYMTAB).map_err(elf_err)?;
     let mut kernels = Vec::new();
     for (i, sym) in symbols.iter().enumerate() {
+        // Entries are global, or weak for template instantiations in relocatable (-rdc)
+        // cubins; compiler helpers are functions too but lack the entry flag.
         let is_entry = sym.st_type() == elf::STT_FUNC
-            && sym.st_bind() == elf::STB_GLOBAL
+            && (sym.st_bind() == elf::STB_GLOBAL || sym.st_bind() == elf::STB_WEAK)
             && sym.st_other().0 & STO_ENTRY != 0;
         if !is_entry {
             continue;

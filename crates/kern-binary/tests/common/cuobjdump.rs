@@ -95,12 +95,16 @@ impl Symbol {
     pub fn is_func(&self) -> bool {
         self.info & 0xf == 2
     }
-    pub fn is_global(&self) -> bool {
-        self.info >> 4 == 1
+    /// STB_GLOBAL (1) or STB_WEAK (2).
+    pub fn is_global_or_weak(&self) -> bool {
+        matches!(self.info >> 4, 1 | 2)
     }
-    /// STT_FUNC, STB_GLOBAL, STO_ENTRY (0x10).
+    /// STT_FUNC, STB_GLOBAL or STB_WEAK, STO_ENTRY (0x10). Relocatable cubins (`-rdc=true`)
+    /// make template instantiations STB_WEAK entries (info 0x22); cuobjdump -symbols lists
+    /// them as `STT_FUNC STB_WEAK STO_ENTRY`. Compiler helpers such as
+    /// `$__internal_0_$__cuda_sm3x_div_rn_noftz_f32_slowpath` are weak too, but lack STO_ENTRY.
     pub fn is_entry(&self) -> bool {
-        self.is_func() && self.is_global() && self.other & 0x10 != 0
+        self.is_func() && self.is_global_or_weak() && self.other & 0x10 != 0
     }
 }
 
@@ -222,7 +226,10 @@ impl ElfDump {
             // The per-kernel .nv.info section's sh_info is the kernel's .text section.
             if let Some(s) = self.section(&info_name) {
                 if s.info != sym.shndx {
-                    return Err(format!("{info_name}: sh_info {:#x} but the symbol is in section {:#x}", s.info, sym.shndx));
+                    return Err(format!(
+                        "{info_name}: sh_info {:#x} but the symbol is in section {:#x}",
+                        s.info, sym.shndx
+                    ));
                 }
             }
             let mut cbank_param_size = None;
@@ -280,14 +287,17 @@ fn parse_header(line: &str, lineno: usize) -> Result<ElfDump, ParseError> {
             kv.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
         }
     }
-    let get = |k: &str| kv.get(k).cloned().ok_or(ParseError { line: lineno, msg: format!("ELF header lacks `{k}=`: {line}") });
+    let get = |k: &str| {
+        kv.get(k).cloned().ok_or(ParseError { line: lineno, msg: format!("ELF header lacks `{k}=`: {line}") })
+    };
     let sm = get("sm")?;
     let toolkit = get("toolkit")?;
     let toolkit = if toolkit.contains('.') {
         toolkit
     } else {
         // ABI 7 format prints the version ×10: 128 → 12.8.
-        let v: u32 = toolkit.parse().map_err(|_| ParseError { line: lineno, msg: format!("bad toolkit `{toolkit}`") })?;
+        let v: u32 =
+            toolkit.parse().map_err(|_| ParseError { line: lineno, msg: format!("bad toolkit `{toolkit}`") })?;
         format!("{}.{}", v / 10, v % 10)
     };
     Ok(ElfDump {
@@ -344,7 +354,13 @@ pub fn parse_elf_dump(text: &str) -> Result<Dump, ParseError> {
                 dump.entries.push(p);
             }
             let kind = if line.contains("elf") { EntryKind::Elf } else { EntryKind::Ptx };
-            pending = Some(FatbinEntry { kind, arch: String::new(), code_version: String::new(), compressed: false, elf: None });
+            pending = Some(FatbinEntry {
+                kind,
+                arch: String::new(),
+                code_version: String::new(),
+                compressed: false,
+                elf: None,
+            });
             mode = Mode::EntryHeader;
             continue;
         }
@@ -396,7 +412,9 @@ pub fn parse_elf_dump(text: &str) -> Result<Dump, ParseError> {
                 if f.len() < 9 {
                     return perr(n, format!("section row has {} fields: {line}", f.len()));
                 }
-                let h = |j: usize| hex(f[j]).ok_or(ParseError { line: n, msg: format!("bad hex `{}` in section row", f[j]) });
+                let h = |j: usize| {
+                    hex(f[j]).ok_or(ParseError { line: n, msg: format!("bad hex `{}` in section row", f[j]) })
+                };
                 elf.sections.push(Section {
                     index: h(0)? as u32,
                     offset: h(1)?,
@@ -421,7 +439,9 @@ pub fn parse_elf_dump(text: &str) -> Result<Dump, ParseError> {
                 if f.len() < 6 {
                     return perr(n, format!("symbol row has {} fields: {line}", f.len()));
                 }
-                let h = |j: usize| hex(f[j]).ok_or(ParseError { line: n, msg: format!("bad hex `{}` in symbol row", f[j]) });
+                let h = |j: usize| {
+                    hex(f[j]).ok_or(ParseError { line: n, msg: format!("bad hex `{}` in symbol row", f[j]) })
+                };
                 let name = f[6..].join(" ");
                 elf.symbols.push(Symbol {
                     index: h(0)? as u32,
@@ -471,10 +491,8 @@ pub fn parse_elf_dump(text: &str) -> Result<Dump, ParseError> {
         } else if line == ".section .symtab" {
             mode = Mode::Symtab;
         } else if !line.starts_with(char::is_whitespace) && !line.is_empty() {
-            let is_info = elf
-                .sections
-                .iter()
-                .any(|s| s.name == line && (s.typ == "CUDA_INFO" || s.typ == "CUDA_COMPAT_INFO"));
+            let is_info =
+                elf.sections.iter().any(|s| s.name == line && (s.typ == "CUDA_INFO" || s.typ == "CUDA_COMPAT_INFO"));
             if is_info {
                 mode = Mode::Info(line.to_string());
                 elf.info.entry(line.to_string()).or_default();
@@ -541,6 +559,25 @@ pub fn parse_res_usage(text: &str) -> Result<Vec<BTreeMap<String, ResUsage>>, Pa
         }
     }
     Ok(out)
+}
+
+/// Parses `cuobjdump -symbols` output: per ELF (per `symbols:` block), in order, the names
+/// listed as `STT_FUNC <binding> STO_ENTRY NAME`.
+pub fn parse_symbols_entries(text: &str) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = Vec::new();
+    for line in text.lines() {
+        if line.trim() == "symbols:" {
+            out.push(Vec::new());
+            continue;
+        }
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() >= 4 && f[0] == "STT_FUNC" && f[2] == "STO_ENTRY" {
+            if let Some(v) = out.last_mut() {
+                v.push(f[3..].join(" "));
+            }
+        }
+    }
+    out
 }
 
 /// One line of `cuobjdump -lelf -lptx`.
