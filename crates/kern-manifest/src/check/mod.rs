@@ -1,0 +1,471 @@
+//! [`RawManifest`] → [`Manifest`]: resolve every name, parse every expression, load every
+//! module, and compare every launch with its kernel, collecting all diagnostics.
+//!
+//! The checker never stops early. Where a declaration is wrong it still produces a stand-in
+//! (so that its users are checked too) and the error makes sure the stand-in never leaves:
+//! a `Manifest` is returned only when no error was found. Where a stand-in would only cause
+//! follow-on errors (a call to an op that could not be read), the user is skipped instead.
+
+mod modules;
+mod ops;
+mod program;
+
+use crate::decode::Broken;
+use crate::diag::{did_you_mean, JsonPath, Sink};
+use crate::expr::{Expr, FUNCTIONS};
+use crate::manifest::*;
+use crate::raw::{RawExpr, RawFrom, RawManifest, Role};
+use crate::CheckOptions;
+use std::path::Path;
+
+pub(crate) struct Checker<'a> {
+    raw: &'a RawManifest,
+    broken: &'a Broken,
+    opts: &'a CheckOptions,
+    dir: &'a Path,
+    sink: &'a mut Sink,
+    names: Names,
+    vars: Vec<Var>,
+    /// Every var at its max, and every var at 1: the corners expressions are evaluated at.
+    at_max: Vec<i64>,
+    at_min: Vec<i64>,
+    states: Vec<State>,
+    buffers: Vec<Buffer>,
+    /// `None` where the module could not be loaded (the error is reported).
+    modules: Vec<Option<Module>>,
+    modules_used: Vec<bool>,
+    ops: Vec<Op>,
+}
+
+/// Checks a decoded manifest. `Err(())` when any error was reported into `sink`.
+pub(crate) fn check(
+    raw: &RawManifest,
+    broken: &Broken,
+    file: &Path,
+    dir: &Path,
+    opts: &CheckOptions,
+    sink: &mut Sink,
+) -> Option<Manifest> {
+    let mut c = Checker {
+        raw,
+        broken,
+        opts,
+        dir,
+        sink,
+        names: Names::default(),
+        vars: vec![],
+        at_max: vec![],
+        at_min: vec![],
+        states: vec![],
+        buffers: vec![],
+        modules: vec![],
+        modules_used: vec![],
+        ops: vec![],
+    };
+    let root = JsonPath::root();
+    if raw.model.trim().is_empty() {
+        c.sink.error(
+            &root.field("model"),
+            "the model's name is empty: name the model",
+        );
+    }
+    c.vars();
+    c.states();
+    c.buffers();
+    c.modules();
+    c.ops();
+    let programs = c.programs();
+    // An op that could not be read may be the module's user: say nothing then.
+    for (i, used) in c.modules_used.iter().enumerate() {
+        if !used && broken.ops.is_empty() {
+            let (name, _) = raw.modules.get_index(i).expect("one flag per module");
+            c.sink.warn(
+                &root.field("modules").entry(name, i),
+                format!("no launch uses module `{name}`"),
+            );
+        }
+    }
+    if c.sink.error_count() > 0 {
+        return None;
+    }
+    let modules = c.modules.into_iter().collect::<Option<Vec<_>>>()?;
+    Some(Manifest {
+        file: file.to_path_buf(),
+        dir: dir.to_path_buf(),
+        schema_version: raw.schema_version,
+        model: raw.model.clone(),
+        arch: opts.arch,
+        vars: c.vars,
+        states: c.states,
+        buffers: c.buffers,
+        modules,
+        ops: c.ops,
+        programs,
+        warnings: vec![],
+        index: c.names,
+    })
+}
+
+fn is_ident(s: &str) -> bool {
+    let mut ch = s.chars();
+    ch.next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && ch.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+impl Checker<'_> {
+    fn section(&self, name: &str) -> JsonPath {
+        JsonPath::root().field(name)
+    }
+
+    /// Parses an expression, resolving var names (a var whose declaration was broken still
+    /// resolves, to its stand-in, so its users are not also reported).
+    fn expr(&mut self, raw: &RawExpr, path: &JsonPath) -> Option<Expr> {
+        match raw {
+            RawExpr::Int(i) => Some(Expr::constant(*i)),
+            RawExpr::Text(t) => match Expr::parse(t, |n| self.names.vars.get(n).copied()) {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    let hint = match &e {
+                        crate::expr::ParseError::UndeclaredVars { names, .. } => {
+                            let declared: Vec<&str> =
+                                self.vars.iter().map(|v| v.name.as_str()).collect();
+                            let dym = did_you_mean(&names[0], declared.iter().copied());
+                            if declared.is_empty() {
+                                ": declare it in `vars` with its max".to_string()
+                            } else if dym.is_empty() {
+                                format!("; the declared vars are {}", declared.join(", "))
+                            } else {
+                                dym
+                            }
+                        }
+                        _ => String::new(),
+                    };
+                    self.sink.error(path, format!("{e}{hint}"));
+                    None
+                }
+            },
+        }
+    }
+
+    /// Evaluates at the vars' max and at 1, reporting what goes wrong. Returns the value at
+    /// max and at min.
+    fn eval_corners(&mut self, e: &Expr, path: &JsonPath) -> Option<(i64, i64)> {
+        let max = e
+            .eval(&self.at_max)
+            .map_err(|err| self.sink.error(path, format!("{err} at the vars' max")))
+            .ok()?;
+        let min = e
+            .eval(&self.at_min)
+            .map_err(|err| self.sink.error(path, format!("{err} when every var is 1")))
+            .ok()?;
+        Some((max, min))
+    }
+
+    fn vars(&mut self) {
+        let path = self.section("vars");
+        for (i, (name, v)) in self.raw.vars.iter().enumerate() {
+            let p = path.entry(name, i);
+            if !is_ident(name) {
+                self.sink.error(&p, format!("`{name}` cannot be a var name: expressions need a letter or `_` followed by letters, digits or `_`"));
+            } else if FUNCTIONS.contains(&name.as_str()) {
+                self.sink.error(
+                    &p,
+                    format!(
+                        "`{name}` is an expression function and cannot be a var name: rename it"
+                    ),
+                );
+            }
+            let max = if v.max < 1 {
+                self.sink.error(
+                    &p.field("max"),
+                    format!("a var's max is at least 1, not {}", v.max),
+                );
+                1
+            } else {
+                v.max
+            };
+            self.names.vars.insert(name.clone(), self.vars.len());
+            self.vars.push(Var {
+                name: name.clone(),
+                max,
+            });
+        }
+        // Stand-ins for vars whose declarations could not be read (already reported).
+        for name in &self.broken.vars {
+            self.names.vars.entry(name.clone()).or_insert_with(|| {
+                self.vars.push(Var {
+                    name: name.clone(),
+                    max: 1,
+                });
+                self.vars.len() - 1
+            });
+        }
+        self.at_max = self.vars.iter().map(|v| v.max).collect();
+        self.at_min = vec![1; self.vars.len()];
+    }
+
+    fn states(&mut self) {
+        let path = self.section("states");
+        for (i, (name, s)) in self.raw.states.iter().enumerate() {
+            let p = path.entry(name, i);
+            let size = match (s.bytes_per_token, s.bytes_per_seq) {
+                (Some(_), Some(_)) => {
+                    self.sink.error(&p, "a state is either per token or per sequence: keep one of `bytes_per_token` and `bytes_per_seq`");
+                    StateSize::PerSeq { bytes: 1 }
+                }
+                (None, None) => {
+                    self.sink.error(&p, "a state needs its size: add `bytes_per_token` (a KV cache) or `bytes_per_seq` (a recurrent state)");
+                    StateSize::PerSeq { bytes: 1 }
+                }
+                (Some(bytes), None) => {
+                    let page_tokens = s.page_tokens.unwrap_or(crate::DEFAULT_PAGE_TOKENS);
+                    if page_tokens == 0 {
+                        self.sink
+                            .error(&p.field("page_tokens"), "`page_tokens` is at least 1");
+                    }
+                    StateSize::PerToken { bytes, page_tokens }
+                }
+                (None, Some(bytes)) => {
+                    if s.page_tokens.is_some() {
+                        self.sink.error(&p.field("page_tokens"), "`page_tokens` is for per-token states: remove it from this per-sequence state");
+                    }
+                    StateSize::PerSeq { bytes }
+                }
+            };
+            let bytes = match size {
+                StateSize::PerToken { bytes, .. } | StateSize::PerSeq { bytes } => bytes,
+            };
+            if bytes == 0 {
+                let f = if s.bytes_per_token.is_some() {
+                    "bytes_per_token"
+                } else {
+                    "bytes_per_seq"
+                };
+                self.sink
+                    .error(&p.field(f), "a state's size is at least 1 byte");
+            }
+            self.names.states.insert(name.clone(), self.states.len());
+            self.states.push(State {
+                name: name.clone(),
+                size,
+            });
+        }
+    }
+
+    fn buffers(&mut self) {
+        let path = self.section("buffers");
+        for (i, (name, b)) in self.raw.buffers.iter().enumerate() {
+            let p = path.entry(name, i);
+            let role = b.role.unwrap_or(Role::Activation);
+            let mut shape = Vec::with_capacity(b.shape.len());
+            let mut bytes: Option<u64> = Some(b.dtype.size());
+            for (d, dim) in b.shape.iter().enumerate() {
+                let dp = p.field("shape").index(d);
+                let Some(e) = self.expr(dim, &dp) else {
+                    shape.push(Expr::constant(0));
+                    bytes = None;
+                    continue;
+                };
+                if role == Role::Weight && e.uses_vars() {
+                    self.sink.error(
+                        &dp,
+                        format!("a weight's shape is fixed, but `{e}` uses vars: write the number"),
+                    );
+                }
+                match self.eval_corners(&e, &dp) {
+                    Some((max, min)) if max < 0 || min < 0 => {
+                        let (v, when) = if max < 0 {
+                            (max, "at the vars' max")
+                        } else {
+                            (min, "when every var is 1")
+                        };
+                        self.sink.error(
+                            &dp,
+                            format!("`{e}` is {v} {when}: a dimension cannot be negative"),
+                        );
+                        bytes = None;
+                    }
+                    Some((max, _)) => {
+                        if let Some(b) = bytes {
+                            bytes = b.checked_mul(max as u64);
+                            if bytes.is_none() {
+                                self.sink.error(
+                                    &p.field("shape"),
+                                    "the buffer's size at the vars' max does not fit in 64 bits",
+                                );
+                            }
+                        }
+                    }
+                    None => bytes = None,
+                }
+                shape.push(e);
+            }
+            let source = match (&b.from, role) {
+                (Some(_), r) if r != Role::Weight => {
+                    self.sink.error(&p.field("from"), format!("`from` is only for weights, and this buffer's role is `{}`: set \"role\": \"weight\" or remove `from`", r.name()));
+                    None
+                }
+                (None, Role::Weight) => Some(WeightSource::Tensor(name.clone())),
+                (Some(RawFrom::Tensor(t)), _) => {
+                    if t.tensor.is_empty() {
+                        self.sink
+                            .error(&p.field("from").field("tensor"), "the tensor name is empty");
+                    }
+                    Some(WeightSource::Tensor(t.tensor.clone()))
+                }
+                (Some(RawFrom::Concat(c)), _) => Some(self.concat(c, b, &p.field("from"))),
+                // Resolved once every buffer is known.
+                (Some(RawFrom::Alias(_)), _) => Some(WeightSource::Alias(BufferId(usize::MAX))),
+                (None, _) => None,
+            };
+            self.names.buffers.insert(name.clone(), self.buffers.len());
+            self.buffers.push(Buffer {
+                name: name.clone(),
+                dtype: b.dtype,
+                shape,
+                role,
+                source,
+                bytes_at_max: bytes.unwrap_or(0),
+            });
+        }
+        self.aliases();
+    }
+
+    fn concat(
+        &mut self,
+        c: &crate::raw::RawFromConcat,
+        b: &crate::raw::RawBuffer,
+        p: &JsonPath,
+    ) -> WeightSource {
+        let axis = c.axis.unwrap_or(0) as usize;
+        if c.concat.is_empty() {
+            self.sink
+                .error(&p.field("concat"), "`concat` lists at least one tensor");
+        }
+        if axis >= b.shape.len() {
+            self.sink.error(
+                &p.field("axis"),
+                format!(
+                    "axis {axis} does not exist: the buffer has {} dimensions",
+                    b.shape.len()
+                ),
+            );
+        } else if let Some(sizes) = &c.sizes {
+            if sizes.len() != c.concat.len() {
+                self.sink.error(
+                    &p.field("sizes"),
+                    format!(
+                        "`sizes` has {} entries for {} tensors: give one per tensor",
+                        sizes.len(),
+                        c.concat.len()
+                    ),
+                );
+            } else if let RawExpr::Int(want) = b.shape[axis] {
+                let sum = sizes.iter().try_fold(0u64, |a, s| a.checked_add(*s));
+                if sum != u64::try_from(want).ok() {
+                    let shown = sum.map_or("more than 2^64".into(), |s| s.to_string());
+                    self.sink.error(
+                        &p.field("sizes"),
+                        format!("the parts add up to {shown} along axis {axis}, but the buffer's shape has {want} there: fix `sizes` or the shape"),
+                    );
+                }
+            }
+        }
+        WeightSource::Concat {
+            tensors: c.concat.clone(),
+            axis,
+            sizes: c.sizes.clone(),
+        }
+    }
+
+    /// Resolves `{"alias": B}`: B must be a weight (not itself an alias) of the same dtype and
+    /// shape.
+    fn aliases(&mut self) {
+        let path = self.section("buffers");
+        for i in 0..self.buffers.len() {
+            let Some(WeightSource::Alias(_)) = self.buffers[i].source else {
+                continue;
+            };
+            let (name, raw) = self
+                .raw
+                .buffers
+                .get_index(i)
+                .expect("one buffer per raw buffer");
+            let Some(RawFrom::Alias(a)) = &raw.from else {
+                continue;
+            };
+            let p = path.entry(name, i).field("from").field("alias");
+            let Some(&t) = self.names.buffers.get(&a.alias) else {
+                if !self.broken.buffers.contains(&a.alias) {
+                    let hint = did_you_mean(&a.alias, self.raw.buffers.keys().map(String::as_str));
+                    self.sink.error(
+                        &p,
+                        format!(
+                            "`{}` is not a buffer{hint}: an alias names another weight buffer",
+                            a.alias
+                        ),
+                    );
+                }
+                continue;
+            };
+            let target = &self.buffers[t];
+            let msg = if t == i {
+                Some(
+                    "a buffer cannot alias itself: name the weight it shares memory with"
+                        .to_string(),
+                )
+            } else if target.role != Role::Weight {
+                Some(format!(
+                    "`{}` is not a weight (its role is `{}`): an alias shares a weight's memory",
+                    a.alias,
+                    target.role.name()
+                ))
+            } else if matches!(target.source, Some(WeightSource::Alias(_))) {
+                Some(format!(
+                    "`{}` is itself an alias: alias the buffer it aliases",
+                    a.alias
+                ))
+            } else if target.dtype != self.buffers[i].dtype {
+                Some(format!(
+                    "`{}` is {} but this buffer is {}: an alias has the same dtype",
+                    a.alias, target.dtype, self.buffers[i].dtype
+                ))
+            } else if target.shape != self.buffers[i].shape {
+                let show = |s: &[Expr]| {
+                    format!(
+                        "[{}]",
+                        s.iter()
+                            .map(|e| e.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                };
+                Some(format!(
+                    "`{}` has shape {} but this buffer has {}: an alias has the same shape",
+                    a.alias,
+                    show(&target.shape),
+                    show(&self.buffers[i].shape)
+                ))
+            } else {
+                None
+            };
+            match msg {
+                Some(m) => self.sink.error(&p, m),
+                None => self.buffers[i].source = Some(WeightSource::Alias(BufferId(t))),
+            }
+        }
+    }
+}
+
+/// The largest dynamic + static shared memory one block may use, by SM (opt-in maximum).
+pub(crate) fn max_shared_per_block(sm: u32) -> Option<u64> {
+    Some(match sm {
+        70 | 72 => 96 * 1024,
+        75 => 64 * 1024,
+        80 | 87 => 163 * 1024,
+        86 | 89 | 120 | 121 => 99 * 1024,
+        90 | 100 | 101 | 103 | 110 => 227 * 1024,
+        _ => return None,
+    })
+}

@@ -1,0 +1,305 @@
+//! The checked manifest: what the runtime accepts.
+//!
+//! A [`Manifest`] exists only when `kern check` found no error: every name is resolved to an
+//! index, every expression parsed and known to use declared vars only, every parameter type
+//! parsed, every module loaded, hashed and parsed, and every launch's parameter layout agreed
+//! with the kernel image. Fields are public for reading; a `Manifest` is built only by
+//! [`crate::load`] / [`crate::check_bytes`], so holding one means those facts hold.
+
+use crate::diag::Diagnostic;
+use crate::expr::Expr;
+use crate::raw::{Role, SchemaVersion};
+use crate::types::{DType, KernelParam, OpParam, Value};
+use kern_binary::{Arch, Binary, Image, Kernel};
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// Index of a var in [`Manifest::vars`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VarId(pub usize);
+/// Index of a state in [`Manifest::states`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StateId(pub usize);
+/// Index of a buffer in [`Manifest::buffers`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufferId(pub usize);
+/// Index of a module in [`Manifest::modules`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModuleId(pub usize);
+/// Index of an op in [`Manifest::ops`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OpId(pub usize);
+
+/// A checked manifest. Vectors keep the manifest's declaration order.
+#[derive(Debug)]
+pub struct Manifest {
+    /// The manifest file, as given.
+    pub file: PathBuf,
+    /// The directory module paths are relative to.
+    pub dir: PathBuf,
+    pub schema_version: SchemaVersion,
+    pub model: String,
+    /// The architecture the kernels were checked for (their images are selected for it).
+    pub arch: Arch,
+    pub vars: Vec<Var>,
+    pub states: Vec<State>,
+    pub buffers: Vec<Buffer>,
+    pub modules: Vec<Module>,
+    pub ops: Vec<Op>,
+    /// `program` (named `main`) first, then `programs` in order.
+    pub programs: Vec<Program>,
+    /// What `kern check` warned about (the manifest is usable).
+    pub warnings: Vec<Diagnostic>,
+    pub(crate) index: Names,
+}
+
+/// Name → index maps.
+#[derive(Debug, Default)]
+pub(crate) struct Names {
+    pub vars: HashMap<String, usize>,
+    pub states: HashMap<String, usize>,
+    pub buffers: HashMap<String, usize>,
+    pub modules: HashMap<String, usize>,
+    pub ops: HashMap<String, usize>,
+    pub programs: HashMap<String, usize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Var {
+    pub name: String,
+    /// The largest value (≥ 1). A run's value is in `1..=max`.
+    pub max: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct State {
+    pub name: String,
+    pub size: StateSize,
+}
+
+/// How a state pool grows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateSize {
+    /// `bytes` per cached token, allocated in pages of `page_tokens` tokens.
+    PerToken { bytes: u64, page_tokens: u32 },
+    /// `bytes` per sequence.
+    PerSeq { bytes: u64 },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Buffer {
+    pub name: String,
+    pub dtype: DType,
+    /// Dimensions, outermost first. A weight's are constants.
+    pub shape: Vec<Expr>,
+    pub role: Role,
+    /// For weights: where the contents come from.
+    pub source: Option<WeightSource>,
+    /// Size at every var's max.
+    pub bytes_at_max: u64,
+}
+
+/// Where a weight's contents come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WeightSource {
+    /// One checkpoint tensor.
+    Tensor(String),
+    /// Checkpoint tensors concatenated along `axis`; `sizes` (each part's extent along the axis)
+    /// when the manifest gives them.
+    Concat {
+        tensors: Vec<String>,
+        axis: usize,
+        sizes: Option<Vec<u64>>,
+    },
+    /// The same memory as another weight (tied embeddings); that weight has its own source.
+    Alias(BufferId),
+}
+
+/// Where a module was found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModuleSource {
+    /// A path relative to the manifest's directory, as written.
+    Local(String),
+    /// `hf:ORG/REPO/PATH`, found in the local Hugging Face cache.
+    HuggingFace { repo: String, path: String },
+}
+
+#[derive(Debug)]
+pub struct Module {
+    pub name: String,
+    pub source: ModuleSource,
+    /// The file that was read (for a Hugging Face source, inside the cache's snapshot).
+    pub path: PathBuf,
+    /// The file's SHA-256, lowercase hex (equal to the manifest's).
+    pub sha256: String,
+    /// The file's size in bytes.
+    pub file_bytes: u64,
+    /// Everything in the file. The image the runtime loads is [`Module::image`].
+    pub binary: Binary,
+    /// Index in `binary.images` of the image selected for [`Manifest::arch`].
+    pub image: usize,
+}
+
+impl Module {
+    /// The image kern loads (`cuModuleLoadData` takes `image().data`).
+    pub fn image(&self) -> &Image {
+        &self.binary.images[self.image]
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Op {
+    pub name: String,
+    pub params: Vec<OpParam>,
+    pub launches: Vec<Launch>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launch {
+    pub label: Option<String>,
+    pub module: ModuleId,
+    /// The kernel symbol.
+    pub entry: String,
+    /// Index of the kernel in the module's selected image (`image().kernels[kernel]`).
+    pub kernel: usize,
+    /// The kernel's parameters with their layout (equal to the image's KPARAM_INFO).
+    pub params: Vec<LaunchParam>,
+    /// Bytes of the parameter buffer (end of the last parameter).
+    pub param_bytes: u32,
+    /// x, y, z.
+    pub block: [Expr; 3],
+    pub grid: [Expr; 3],
+    /// Dynamic shared memory bytes.
+    pub shared: Expr,
+    /// One per parameter.
+    pub args: Vec<LaunchArg>,
+}
+
+impl Launch {
+    /// The kernel this launch runs, in `module`'s selected image.
+    pub fn kernel_in<'m>(&self, m: &'m Manifest) -> &'m Kernel {
+        &m.modules[self.module.0].image().kernels[self.kernel]
+    }
+}
+
+/// One kernel parameter and where it goes in the parameter buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchParam {
+    pub ty: KernelParam,
+    pub offset: u32,
+    pub size: u32,
+}
+
+/// What a launch passes for one kernel parameter.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LaunchArg {
+    /// The op parameter at this index.
+    Param(usize),
+    Const(Value),
+    /// A null pointer (8 zero bytes).
+    Null,
+    /// A by-value aggregate: these fields over zeroed bytes.
+    Struct(Vec<Field>),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Field {
+    /// Byte offset inside the aggregate.
+    pub offset: u32,
+    pub value: FieldValue,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum FieldValue {
+    /// The op parameter at this index (a pointer: 8 bytes; a scalar: its width).
+    Param(usize),
+    Const(Value),
+    Null,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Program {
+    pub name: String,
+    pub calls: Vec<Call>,
+}
+
+impl Program {
+    /// Kernel launches in one run of this program.
+    pub fn launches(&self, m: &Manifest) -> usize {
+        self.calls
+            .iter()
+            .map(|c| m.ops[c.op.0].launches.len())
+            .sum()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Call {
+    /// Unique within the program (`OP#INDEX` when the manifest gives none).
+    pub label: String,
+    pub op: OpId,
+    /// One per op parameter.
+    pub args: Vec<Binding>,
+}
+
+/// What a call binds to one op parameter.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Binding {
+    Buf(BufferId),
+    /// The var's value in this run.
+    Var(VarId),
+    /// The state pool's base pointer.
+    State(StateId),
+    Const(Value),
+    /// A null pointer.
+    Null,
+}
+
+impl Manifest {
+    pub fn var(&self, name: &str) -> Option<VarId> {
+        self.index.vars.get(name).copied().map(VarId)
+    }
+    pub fn state(&self, name: &str) -> Option<StateId> {
+        self.index.states.get(name).copied().map(StateId)
+    }
+    pub fn buffer(&self, name: &str) -> Option<BufferId> {
+        self.index.buffers.get(name).copied().map(BufferId)
+    }
+    pub fn module(&self, name: &str) -> Option<ModuleId> {
+        self.index.modules.get(name).copied().map(ModuleId)
+    }
+    pub fn op(&self, name: &str) -> Option<OpId> {
+        self.index.ops.get(name).copied().map(OpId)
+    }
+    /// A program by name (`main` is the one written as `program`).
+    pub fn program(&self, name: &str) -> Option<&Program> {
+        self.index.programs.get(name).map(|&i| &self.programs[i])
+    }
+
+    /// Every var at its max, indexed like `vars`: the values buffers are sized for.
+    pub fn vars_at_max(&self) -> Vec<i64> {
+        self.vars.iter().map(|v| v.max).collect()
+    }
+
+    /// A buffer's size in bytes for the given var values.
+    pub fn buffer_bytes(&self, b: BufferId, vars: &[i64]) -> Result<u64, crate::expr::EvalError> {
+        let buf = &self.buffers[b.0];
+        let overflow =
+            || crate::expr::EvalError::Overflow(format!("the size of buffer `{}`", buf.name));
+        self.shape(b, vars)?
+            .into_iter()
+            .try_fold(buf.dtype.size(), |acc, d| {
+                acc.checked_mul(u64::try_from(d).map_err(|_| overflow())?)
+                    .ok_or_else(overflow)
+            })
+    }
+
+    /// A buffer's shape for the given var values.
+    pub fn shape(&self, b: BufferId, vars: &[i64]) -> Result<Vec<i64>, crate::expr::EvalError> {
+        self.buffers[b.0]
+            .shape
+            .iter()
+            .map(|e| e.eval(vars))
+            .collect()
+    }
+}
