@@ -1,8 +1,12 @@
 //! `kern`: the command-line front end. Each subcommand lives in its own module and is a thin
 //! layer over the library crates; errors are reported here, once, with `anyhow`.
 
+mod check;
 mod extract;
 mod inspect;
+mod plan;
+mod run;
+mod selftest;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -20,13 +24,34 @@ struct Cli {
 enum Command {
     Inspect(inspect::Args),
     Extract(extract::Args),
+    Check(check::Args),
+    /// Print the JSON Schema of the manifest format.
+    Schema,
+    Plan(plan::Args),
+    Run(run::Args),
+    Selftest(selftest::Args),
 }
 
 fn main() -> ExitCode {
+    // Die quietly on a closed pipe (`kern inspect big.so | head`) like other Unix tools,
+    // instead of panicking inside println!.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(a) => inspect::run(a),
         Command::Extract(a) => extract::run(a),
+        Command::Check(a) => check::run(a),
+        Command::Schema => {
+            print!("{}", kern_manifest::json_schema());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plan(a) => plan::run(a),
+        Command::Run(a) => run::run(a),
+        Command::Selftest(a) => selftest::run(a),
     };
     match result {
         Ok(code) => code,

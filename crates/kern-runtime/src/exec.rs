@@ -1,0 +1,434 @@
+//! The executor: loads a checked manifest's modules, prepares every launch of a program once
+//! (function handle, parameter bytes with every pointer and constant in place) and runs it —
+//! eagerly, or captured into a CUDA graph per var bucket and replayed.
+//!
+//! **Buckets.** A graph bakes in grid sizes and scalar arguments, so it is captured at fixed
+//! var values. kern rounds each var up to its bucket — the next power of two, capped at the
+//! var's max — captures one graph per distinct bucket tuple, and replays it for every value in
+//! the bucket. Running at `v` below its bucket `b`: kernels see `b`, buffers are sized at the
+//! max so rows `v..b` stay in bounds, and before each replay the runtime zeroes rows `v..b` of
+//! every `input` buffer whose size depends on the var, so padded rows compute on zeros. Rows
+//! `v..b` of activations and outputs are padding: they hold whatever padded inputs produce and
+//! are never reported (`kern run` writes outputs at the real values). Kernels whose rows
+//! interact (attention over a batch) must read real counts from device memory (the step ABI's
+//! `query_start` / `seq_lens`), not from the padded var.
+
+use crate::plan::{MemoryPlan, StatePool};
+use crate::{Result, RuntimeError};
+use kern_cuda::{Context, DeviceBuffer, Event, Function, GraphExec, LaunchConfig, PackedArgs, ParamSlot, Stream};
+use kern_manifest::expr::Expr;
+use kern_manifest::manifest::{Binding, Manifest, StateSize};
+use kern_manifest::pack::ArgValue;
+use kern_manifest::raw::Role;
+use kern_manifest::types::{OpParam, Scalar, Value};
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+/// How a program is run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Launch by launch; with `sync_each`, synchronize after every launch so a failing
+    /// kernel is reported with its call label.
+    Eager { sync_each: bool },
+    /// Capture once per var bucket, then replay the graph.
+    Graph,
+}
+
+/// What one run did.
+#[derive(Clone, Debug, Default)]
+pub struct RunStats {
+    pub launches: usize,
+    /// GPU time of the run (CUDA events), milliseconds.
+    pub gpu_ms: f32,
+    /// The var values the kernels saw (the bucket, for a graph run).
+    pub vars_used: Vec<i64>,
+    /// Whether a graph was captured for this run (false: replayed a cached one).
+    pub captured: bool,
+}
+
+/// One kernel launch, ready to go: only var-dependent bytes and dimensions change per run.
+struct Prepared {
+    call: String,
+    op: String,
+    launch: usize,
+    func: Function,
+    args: RefCell<PackedArgs>,
+    /// The op's argument values; entries named in `var_args` change per run.
+    op_args: Vec<ArgValue>,
+    /// (op parameter index, var index, the parameter's scalar type)
+    var_args: Vec<(usize, usize, Scalar)>,
+    launch_decl: kern_manifest::manifest::Launch,
+    grid: [Expr; 3],
+    block: [Expr; 3],
+    shared: Expr,
+}
+
+/// A program prepared for running.
+struct Program {
+    launches: Vec<Prepared>,
+}
+
+/// A manifest loaded onto a GPU.
+pub struct Runtime {
+    pub manifest: Manifest,
+    pub plan: MemoryPlan,
+    ctx: Context,
+    stream: Stream,
+    arena: DeviceBuffer,
+    pools: Vec<Option<DeviceBuffer>>,
+    programs: Vec<Program>,
+    graphs: HashMap<(usize, Vec<i64>), GraphExec>,
+    // Modules are referenced by graphs without being held by them: keep them for the
+    // runtime's life (functions also hold them).
+    _modules: Vec<kern_cuda::Module>,
+}
+
+impl Runtime {
+    /// Allocates the plan's memory, loads every module once, resolves and cross-checks every
+    /// entry against the driver's view of its parameters, and prepares every program.
+    pub fn new(ctx: &Context, manifest: Manifest, plan: MemoryPlan) -> Result<Runtime> {
+        let stream = ctx.stream()?;
+        let arena = ctx
+            .alloc_zeroed(plan.arena_bytes.max(256) as usize)
+            .map_err(RuntimeError::cuda(format!("allocating the {} buffer arena", crate::plan::human(plan.arena_bytes))))?;
+        let mut pools = Vec::new();
+        for (s, p) in manifest.states.iter().zip(&plan.states) {
+            pools.push(if p.bytes() == 0 {
+                None
+            } else {
+                Some(ctx.alloc_zeroed(p.bytes() as usize).map_err(RuntimeError::cuda(format!("allocating state pool `{}` ({})", s.name, crate::plan::human(p.bytes()))))?)
+            });
+        }
+        let mut modules = Vec::new();
+        for m in &manifest.modules {
+            let im = m.image();
+            let module = ctx
+                .load_module(&im.data)
+                .map_err(RuntimeError::cuda(format!("loading module `{}` ({}, image {} for {})", m.name, m.path.display(), m.image, manifest.arch)))?;
+            modules.push(module);
+        }
+        let mut rt = Runtime { manifest, plan, ctx: ctx.clone(), stream, arena, pools, programs: Vec::new(), graphs: HashMap::new(), _modules: modules };
+        let mut funcs: HashMap<(usize, String), Function> = HashMap::new();
+        for p in 0..rt.manifest.programs.len() {
+            let prog = rt.prepare(p, &mut funcs)?;
+            rt.programs.push(prog);
+        }
+        Ok(rt)
+    }
+
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// Device address of a buffer (an alias resolves to its target).
+    pub fn buffer_ptr(&self, b: kern_manifest::manifest::BufferId) -> u64 {
+        self.arena.ptr() + self.plan.buffers[b.0].offset
+    }
+
+    /// Device address of a state pool (0 when the plan gave it no memory).
+    pub fn state_ptr(&self, s: kern_manifest::manifest::StateId) -> u64 {
+        self.pools[s.0].as_ref().map_or(0, |b| b.ptr())
+    }
+
+    fn prepare(&self, p: usize, funcs: &mut HashMap<(usize, String), Function>) -> Result<Program> {
+        let m = &self.manifest;
+        let program = &m.programs[p];
+        let mut launches = Vec::new();
+        let max_vars = m.vars_at_max();
+        for call in &program.calls {
+            let op = &m.ops[call.op.0];
+            for (li, l) in op.launches.iter().enumerate() {
+                let key = (l.module.0, l.entry.clone());
+                let func = match funcs.get(&key) {
+                    Some(f) => f.clone(),
+                    None => {
+                        let f = self._modules[l.module.0]
+                            .function(&l.entry)
+                            .map_err(RuntimeError::cuda(format!("ops.{}.impl.launches[{li}]: entry `{}` in module `{}`", op.name, l.entry, m.modules[l.module.0].name)))?;
+                        self.cross_check(&f, l, &op.name, li)?;
+                        funcs.insert(key, f.clone());
+                        f
+                    }
+                };
+                // Dynamic shared memory above the default 48 KiB needs the function attribute,
+                // set once at the largest value any run can ask for.
+                let shared_max = l.shared.eval(&max_vars).unwrap_or(0);
+                if shared_max > 48 * 1024 {
+                    func.set_max_dynamic_shared(shared_max as u32)
+                        .map_err(RuntimeError::cuda(format!("ops.{}.impl.launches[{li}]: raising dynamic shared memory to {shared_max} bytes", op.name)))?;
+                }
+                let layout: Vec<ParamSlot> = l.params.iter().map(|lp| ParamSlot { offset: lp.offset as usize, size: lp.size as usize }).collect();
+                let mut args = PackedArgs::new(&layout)?;
+                // What the call passes for each op parameter; vars are filled in per run.
+                let mut op_args = Vec::with_capacity(call.args.len());
+                let mut var_args = Vec::new();
+                for (j, b) in call.args.iter().enumerate() {
+                    op_args.push(match b {
+                        Binding::Buf(id) => ArgValue::Ptr(self.buffer_ptr(*id)),
+                        Binding::State(id) => ArgValue::Ptr(self.state_ptr(*id)),
+                        Binding::Null => ArgValue::Ptr(0),
+                        Binding::Const(v) => ArgValue::Scalar(*v),
+                        Binding::Var(v) => {
+                            let OpParam::Scalar(s) = op.params[j] else {
+                                return Err(RuntimeError::Mismatch(format!("call `{}`: var `{}` is bound to op parameter {j}, which is not a scalar", call.label, m.vars[v.0].name)));
+                            };
+                            var_args.push((j, v.0, s));
+                            ArgValue::Scalar(scalar_of(s, max_vars[v.0]).unwrap_or(Value::I64(0)))
+                        }
+                    });
+                }
+                let packed = l.pack(&op_args).map_err(|e| RuntimeError::Mismatch(format!("call `{}`, launch {li}: {e}", call.label)))?;
+                for (i, slot) in layout.iter().enumerate() {
+                    args.set(i, &packed[slot.offset..slot.offset + slot.size])?;
+                }
+                launches.push(Prepared {
+                    call: call.label.clone(),
+                    op: op.name.clone(),
+                    launch: li,
+                    func,
+                    args: RefCell::new(args),
+                    op_args,
+                    var_args,
+                    launch_decl: l.clone(),
+                    grid: l.grid.clone(),
+                    block: l.block.clone(),
+                    shared: l.shared.clone(),
+                });
+            }
+        }
+        Ok(Program { launches })
+    }
+
+    /// The driver's layout of `f` must be the manifest's (which `kern check` matched with the
+    /// image's KPARAM_INFO): a disagreement means the image was not what we read.
+    fn cross_check(&self, f: &Function, l: &kern_manifest::manifest::Launch, op: &str, li: usize) -> Result<()> {
+        let drv = match f.param_layout() {
+            Ok(d) => d,
+            // Drivers before 12.4 cannot report layouts; KPARAM_INFO was checked already.
+            Err(kern_cuda::CudaError::DriverTooOld { .. }) => return Ok(()),
+            Err(e) => return Err(RuntimeError::CudaAt { what: format!("ops.{op}.impl.launches[{li}]: reading the parameter layout of `{}`", l.entry), source: e }),
+        };
+        let ours: Vec<(usize, usize)> = l.params.iter().map(|p| (p.offset as usize, p.size as usize)).collect();
+        let theirs: Vec<(usize, usize)> = drv.iter().map(|s| (s.offset, s.size)).collect();
+        if ours != theirs {
+            return Err(RuntimeError::Mismatch(format!(
+                "ops.{op}.impl.launches[{li}]: the driver lays out `{}` as {theirs:?} (offset, size), the manifest as {ours:?}",
+                l.entry
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks var values: one per var, each in 1..=max.
+    pub fn check_vars(&self, vars: &[i64]) -> Result<()> {
+        if vars.len() != self.manifest.vars.len() {
+            return Err(RuntimeError::Var(format!("expected {} var values, got {}", self.manifest.vars.len(), vars.len())));
+        }
+        for (v, &x) in self.manifest.vars.iter().zip(vars) {
+            if x < 1 || x > v.max {
+                return Err(RuntimeError::Var(format!("var `{}` = {x} is outside 1..={} (its declared max)", v.name, v.max)));
+            }
+        }
+        Ok(())
+    }
+
+    /// The bucket each var value runs in under [`Mode::Graph`].
+    pub fn bucket(&self, vars: &[i64]) -> Vec<i64> {
+        self.manifest.vars.iter().zip(vars).map(|(v, &x)| bucket(x, v.max)).collect()
+    }
+
+    /// Runs program `p` once at `vars`.
+    pub fn run(&mut self, p: usize, vars: &[i64], mode: Mode) -> Result<RunStats> {
+        self.check_vars(vars)?;
+        let (start, end) = (self.ctx.event()?, self.ctx.event()?);
+        let mut stats = RunStats { launches: self.programs[p].launches.len(), ..Default::default() };
+        match mode {
+            Mode::Eager { sync_each } => {
+                start.record(&self.stream)?;
+                self.enqueue(p, vars, sync_each)?;
+                end.record(&self.stream)?;
+                stats.vars_used = vars.to_vec();
+            }
+            Mode::Graph => {
+                let b = self.bucket(vars);
+                let key = (p, b.clone());
+                if !self.graphs.contains_key(&key) {
+                    // Capture at the bucket values. Work queued during capture is recorded,
+                    // not executed.
+                    let graph = {
+                        let this = &*self;
+                        this.stream.capture(|_| this.enqueue(p, &b, false).map_err(to_cuda))
+                    }
+                    .map_err(|e| RuntimeError::CudaAt { what: format!("capturing program `{}` into a CUDA graph at {:?}", self.manifest.programs[p].name, b), source: e })?;
+                    let exec = graph.instantiate()?;
+                    self.graphs.insert(key.clone(), exec);
+                    stats.captured = true;
+                }
+                self.zero_padding(vars, &b)?;
+                start.record(&self.stream)?;
+                // SAFETY: the graph's kernels use the arena and pools, which live as long as
+                // `self`, and the modules, which `self._modules` keeps loaded.
+                unsafe { self.graphs[&key].launch(&self.stream) }.map_err(|e| self.fault_unknown(e))?;
+                end.record(&self.stream)?;
+                stats.vars_used = b;
+            }
+        }
+        self.stream.synchronize().map_err(|e| self.fault_unknown(e))?;
+        stats.gpu_ms = Event::elapsed_ms(&start, &end)?;
+        Ok(stats)
+    }
+
+    fn fault_unknown(&self, e: kern_cuda::CudaError) -> RuntimeError {
+        if e.is_sticky() {
+            RuntimeError::CudaAt {
+                what: "a kernel of the program failed (run with --sync-each to find which call); the GPU context is unusable now".into(),
+                source: e,
+            }
+        } else {
+            RuntimeError::Cuda(e)
+        }
+    }
+
+    /// Zeroes rows `real..bucket` of every input buffer whose size depends on the vars.
+    fn zero_padding(&self, real: &[i64], bucket: &[i64]) -> Result<()> {
+        if real == bucket {
+            return Ok(());
+        }
+        let m = &self.manifest;
+        for (i, b) in m.buffers.iter().enumerate() {
+            if b.role != Role::Input || !b.shape.iter().any(Expr::uses_vars) {
+                continue;
+            }
+            let id = kern_manifest::manifest::BufferId(i);
+            let size = |vars: &[i64]| -> Result<u64> {
+                let shape = m.shape(id, vars).map_err(|e| RuntimeError::Var(format!("buffers.{}: {e}", b.name)))?;
+                Ok(shape.iter().map(|&d| d.max(0) as u64).product::<u64>() * b.dtype.size())
+            };
+            let (lo, hi) = (size(real)?, size(bucket)?);
+            if hi > lo {
+                let slot = &self.plan.buffers[i];
+                self.arena.memset_u8_async((slot.offset + lo) as usize, (hi - lo) as usize, 0, &self.stream)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues every launch of program `p` at `vars` on the stream.
+    fn enqueue(&self, p: usize, vars: &[i64], sync_each: bool) -> Result<()> {
+        let prog = &self.programs[p];
+        for l in &prog.launches {
+            // The parameter bytes are patched in place: the driver copies them at launch, so
+            // reusing one buffer across runs (and graph captures) is safe.
+            let mut args = l.args.borrow_mut();
+            if !l.var_args.is_empty() {
+                let mut op_args = l.op_args.clone();
+                for &(j, var, s) in &l.var_args {
+                    op_args[j] = ArgValue::Scalar(scalar_of(s, vars[var]).ok_or_else(|| {
+                        RuntimeError::Var(format!("var `{}` = {} does not fit the {} parameter of call `{}`", self.manifest.vars[var].name, vars[var], s.name(), l.call))
+                    })?);
+                }
+                let packed = l.launch_decl.pack(&op_args).map_err(|e| RuntimeError::Mismatch(format!("call `{}`: {e}", l.call)))?;
+                let n = packed.len().min(args.bytes().len());
+                args.bytes_mut()[..n].copy_from_slice(&packed[..n]);
+            }
+            // A grid dimension of 0 or less means "nothing to do": the launch is skipped
+            // (docs/manifest.md). Block dimensions must be positive.
+            let dims = |e: &[Expr; 3], what: &str| -> Result<Option<[u32; 3]>> {
+                let mut out = [1u32; 3];
+                for (k, x) in e.iter().enumerate() {
+                    let v = x.eval(vars).map_err(|err| RuntimeError::Var(format!("call `{}`: {what}[{k}] = `{x}`: {err}", l.call)))?;
+                    if v <= 0 && what == "grid" {
+                        return Ok(None);
+                    }
+                    out[k] = u32::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| RuntimeError::Var(format!("call `{}`: {what}[{k}] = `{x}` evaluates to {v}, outside 1..=2^32-1", l.call)))?;
+                }
+                Ok(Some(out))
+            };
+            let Some(grid) = dims(&l.grid, "grid")? else { continue };
+            let block = dims(&l.block, "block")?.unwrap_or([1; 3]);
+            let shared = l.shared.eval(vars).map_err(|e| RuntimeError::Var(format!("call `{}`: shared: {e}", l.call)))?;
+            let shared = u32::try_from(shared).map_err(|_| RuntimeError::Var(format!("call `{}`: shared memory {shared} is out of range", l.call)))?;
+            let cfg = LaunchConfig::new(grid, block, shared);
+            let fault = |e| RuntimeError::KernelFault { label: l.call.clone(), op: l.op.clone(), launch: l.launch, kernel: l.func.name().to_string(), source: e };
+            // SAFETY: every pointer in `args` is an address inside the arena or a state pool,
+            // which are sized at the vars' max (checked) and outlive the launch; the kernel's
+            // parameter layout was matched with the image and the driver at preparation.
+            unsafe { l.func.launch_packed(cfg, &self.stream, &mut args) }.map_err(fault)?;
+            if sync_each {
+                self.stream.synchronize().map_err(fault)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies host bytes into buffer `b` (at most its size at the vars' max).
+    pub fn write_buffer(&self, b: kern_manifest::manifest::BufferId, bytes: &[u8]) -> Result<()> {
+        let slot = &self.plan.buffers[b.0];
+        if bytes.len() as u64 > slot.bytes {
+            return Err(RuntimeError::Data(format!("buffers.{}: {} bytes do not fit its {} bytes", self.manifest.buffers[b.0].name, bytes.len(), slot.bytes)));
+        }
+        self.arena.copy_from_host(slot.offset as usize, bytes)?;
+        Ok(())
+    }
+
+    /// Reads the first `len` bytes of buffer `b`.
+    pub fn read_buffer(&self, b: kern_manifest::manifest::BufferId, len: usize) -> Result<Vec<u8>> {
+        let slot = &self.plan.buffers[b.0];
+        let len = len.min(slot.bytes as usize);
+        let mut out = vec![0u8; len];
+        self.arena.copy_to_host(slot.offset as usize, &mut out)?;
+        Ok(out)
+    }
+
+    /// Number of launches in one run of program `p`.
+    pub fn launches(&self, p: usize) -> usize {
+        self.programs[p].launches.len()
+    }
+
+    /// Describes the state pools as allocated (for reports).
+    pub fn pools(&self) -> impl Iterator<Item = (&str, &StatePool, &StateSize)> {
+        self.manifest.states.iter().zip(&self.plan.states).map(|(s, p)| (s.name.as_str(), p, &s.size))
+    }
+}
+
+fn to_cuda(e: RuntimeError) -> kern_cuda::CudaError {
+    match e {
+        RuntimeError::Cuda(c) | RuntimeError::CudaAt { source: c, .. } | RuntimeError::KernelFault { source: c, .. } => c,
+        other => kern_cuda::CudaError::InvalidArgument(other.to_string()),
+    }
+}
+
+/// The next power of two ≥ `v`, capped at `max`.
+pub fn bucket(v: i64, max: i64) -> i64 {
+    let v = v.max(1);
+    let b = (v as u64).next_power_of_two() as i64;
+    b.min(max).max(v)
+}
+
+/// A var's value as the scalar type of the kernel parameter it is passed to.
+fn scalar_of(s: Scalar, v: i64) -> Option<Value> {
+    match s {
+        Scalar::F32 => Some(Value::F32(v as f32)),
+        Scalar::F64 => Some(Value::F64(v as f64)),
+        other => Value::int(other, i128::from(v)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bucket;
+
+    #[test]
+    fn buckets_are_powers_of_two_capped_at_max() {
+        assert_eq!(bucket(1, 256), 1);
+        assert_eq!(bucket(3, 256), 4);
+        assert_eq!(bucket(5, 256), 8);
+        assert_eq!(bucket(200, 256), 256);
+        assert_eq!(bucket(200, 300), 256);
+        assert_eq!(bucket(260, 300), 300);
+        assert_eq!(bucket(300, 300), 300);
+    }
+}
