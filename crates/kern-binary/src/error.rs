@@ -21,11 +21,10 @@ pub enum Error {
         reason: String,
     },
     /// The file could not be read from disk.
-    #[error("{file}: {source}")]
+    #[error("{file}: {cause}")]
     Io {
         file: String,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 

@@ -32,6 +32,6 @@ pub fn read(data: &[u8], file: &str) -> Result<Binary> {
 pub fn read_file(path: impl AsRef<Path>) -> Result<Binary> {
     let path = path.as_ref();
     let name = path.display().to_string();
-    let data = std::fs::read(path).map_err(|source| Error::Io { file: name.clone(), source })?;
+    let data = std::fs::read(path).map_err(|cause| Error::Io { file: name.clone(), cause })?;
     read(&data, &name)
 }

@@ -10,21 +10,19 @@ pub enum RuntimeError {
     #[error(transparent)]
     Cuda(#[from] CudaError),
     /// A CUDA error with the context it happened in.
-    #[error("{what}: {source}")]
+    #[error("{what}: {cause}")]
     CudaAt {
         what: String,
-        #[source]
-        source: CudaError,
+        cause: CudaError,
     },
     /// A kernel failed while a program ran.
-    #[error("call `{label}` (op `{op}`, launch {launch}: kernel `{kernel}`) failed: {source}")]
+    #[error("call `{label}` (op `{op}`, launch {launch}: kernel `{kernel}`) failed: {cause}")]
     KernelFault {
         label: String,
         op: String,
         launch: usize,
         kernel: String,
-        #[source]
-        source: CudaError,
+        cause: CudaError,
     },
     /// The buffers and states do not fit in the memory budget.
     #[error("{0}")]
@@ -38,17 +36,16 @@ pub enum RuntimeError {
     /// Host data (an input file, an output request) is unusable.
     #[error("{0}")]
     Data(String),
-    #[error("{file}: {source}")]
+    #[error("{file}: {cause}")]
     Io {
         file: String,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
 impl RuntimeError {
     pub(crate) fn cuda(what: impl Into<String>) -> impl FnOnce(CudaError) -> RuntimeError {
         let what = what.into();
-        move |source| RuntimeError::CudaAt { what, source }
+        move |cause| RuntimeError::CudaAt { what, cause }
     }
 }

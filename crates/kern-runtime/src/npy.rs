@@ -19,14 +19,14 @@ pub struct Array {
 /// Reads a C-order `.npy` file of a numeric or boolean dtype.
 pub fn read(path: &Path) -> Result<Array> {
     let file = path.display().to_string();
-    let io = |e: std::io::Error| RuntimeError::Io { file: file.clone(), source: e };
+    let io = |e: std::io::Error| RuntimeError::Io { file: file.clone(), cause: e };
     let bytes = std::fs::read(path).map_err(io)?;
     let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| RuntimeError::Data(format!("{file}: not a readable .npy file: {e}")))?;
     if npy.order() == npyz::Order::Fortran {
         return Err(RuntimeError::Data(format!("{file}: Fortran-order arrays are not supported: save it with np.ascontiguousarray")));
     }
     let shape = npy.shape().to_vec();
-    let descr = npy.dtype().descr();
+    let descr = npy.dtype().descr().trim_matches(['\'', '"']).to_string();
     let bad = |e: std::io::Error| RuntimeError::Data(format!("{file}: cannot read the data: {e}"));
     let values = match descr.trim_start_matches(['<', '|', '=']) {
         "f2" => Values::F64(npy.into_vec::<half::f16>().map_err(bad)?.into_iter().map(f64::from).collect()),
@@ -54,7 +54,7 @@ pub fn read(path: &Path) -> Result<Array> {
 /// widened to float32 unless `raw`, which writes their bit patterns as unsigned integers.
 pub fn write(path: &Path, bytes: &[u8], dtype: DType, shape: &[u64], raw: bool) -> Result<()> {
     let file = path.display().to_string();
-    let io = |e: std::io::Error| RuntimeError::Io { file: file.clone(), source: e };
+    let io = |e: std::io::Error| RuntimeError::Io { file: file.clone(), cause: e };
     let f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
     macro_rules! put {
         ($t:ty, $iter:expr) => {{

@@ -1,0 +1,69 @@
+//! The memory plan on manifests without kernels: arena layout, aliases, state budgets.
+
+use kern_manifest::{check_bytes, CheckOptions};
+use kern_runtime::plan::{plan, PlanOptions, StatePool, ALIGN};
+use std::path::Path;
+
+fn manifest(json: &str) -> kern_manifest::Manifest {
+    check_bytes(json.as_bytes(), Path::new("/tmp/plan-test/model.json"), &CheckOptions::default()).unwrap_or_else(|d| panic!("{d}"))
+}
+
+const M: &str = r#"{
+  "schema_version": "4.1", "model": "plan-test",
+  "vars": {"tokens": {"max": 100}, "seqs": {"max": 8}},
+  "states": {"kv": {"bytes_per_token": 1000, "page_tokens": 16}, "draft": {"bytes_per_token": 24, "page_tokens": 16},
+             "rnn": {"bytes_per_seq": 4096}},
+  "buffers": {
+    "embed": {"dtype": "bf16", "shape": [10, 4], "role": "weight", "from": {"tensor": "model.embed_tokens.weight"}},
+    "x": {"dtype": "f32", "shape": ["tokens", 3]},
+    "lm_head": {"dtype": "bf16", "shape": [10, 4], "role": "weight", "from": {"alias": "embed"}},
+    "ids": {"dtype": "i32", "shape": ["seqs"], "role": "input"}
+  },
+  "program": {"calls": []}
+}"#;
+
+#[test]
+fn arena_layout_and_aliases() {
+    let m = manifest(M);
+    let p = plan(&m, &PlanOptions::default()).unwrap();
+    assert_eq!(p.buffers[0].offset, 0);
+    assert_eq!(p.buffers[0].bytes, 80);
+    assert_eq!(p.buffers[1].offset, ALIGN);
+    assert_eq!(p.buffers[1].bytes, 1200, "x is sized at tokens' max");
+    assert_eq!(p.buffers[2].offset, 0, "the alias shares embed's memory");
+    assert!(p.buffers[2].alias_of.is_some());
+    assert_eq!(p.buffers[3].offset, 2 * ALIGN + 1280 - 256, "ids follows x, 256-aligned");
+    assert_eq!(p.arena_bytes % ALIGN, 0);
+    assert_eq!(p.by_role[0], 80, "weights counted once");
+    // No budget: no pages.
+    assert!(matches!(p.states[0], StatePool::PerToken { pages: 0, .. }));
+}
+
+#[test]
+fn budget_split_between_states() {
+    let m = manifest(M);
+    let budget = 10 << 20;
+    let p = plan(&m, &PlanOptions { budget: Some(budget), reserve: 1 << 20 }).unwrap();
+    // Per-seq first: 8 slots of 4096 bytes.
+    assert_eq!(p.states[2], StatePool::PerSeq { bytes_per_seq: 4096, slots: 8, pool_bytes: 8 * 4096 });
+    let remaining = budget - p.arena_bytes - (1 << 20) - 8 * 4096;
+    let pages = remaining / (16 * (1000 + 24));
+    assert_eq!(p.states[0], StatePool::PerToken { bytes_per_token: 1000, page_tokens: 16, pages, pool_bytes: pages * 16 * 1000 });
+    assert!(matches!(p.states[1], StatePool::PerToken { pages: q, .. } if q == pages), "per-token states share pages");
+    assert_eq!(p.token_capacity, Some(pages * 16));
+    assert!(p.total_bytes() <= budget);
+}
+
+#[test]
+fn too_small_budget_says_what_is_needed() {
+    let m = manifest(M);
+    let e = plan(&m, &PlanOptions { budget: Some(1000), reserve: 0 }).unwrap_err().to_string();
+    assert!(e.contains("needs") && e.contains("budget is 1000 B"), "{e}");
+}
+
+#[test]
+fn per_token_states_must_share_page_size() {
+    let m = manifest(&M.replace(r#""draft": {"bytes_per_token": 24, "page_tokens": 16}"#, r#""draft": {"bytes_per_token": 24, "page_tokens": 32}"#));
+    let e = plan(&m, &PlanOptions { budget: Some(1 << 30), reserve: 0 }).unwrap_err().to_string();
+    assert!(e.contains("states.") && e.contains("page_tokens"), "{e}");
+}
