@@ -48,6 +48,8 @@ pub struct Manifest {
     pub ops: Vec<Op>,
     /// `program` (named `main`) first, then `programs` in order.
     pub programs: Vec<Program>,
+    /// The step ABI binding, when the manifest declares one (`step`).
+    pub step: Option<Step>,
     /// What `kern check` warned about (the manifest is usable).
     pub warnings: Vec<Diagnostic>,
     pub(crate) index: Names,
@@ -215,6 +217,41 @@ pub enum FieldValue {
     Param(usize),
     Const(Value),
     Null,
+}
+
+/// The step ABI (version 1, `docs/step-abi.md`): the buffers the engine fills before each step
+/// and reads after it, checked for dtype, shape and role.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub abi: u32,
+    /// The vars `tokens`, `seqs` and `pages`.
+    pub tokens: VarId,
+    pub seqs: VarId,
+    pub pages: VarId,
+    pub token_ids: BufferId,
+    pub positions: BufferId,
+    pub seq_lens: BufferId,
+    pub query_start: BufferId,
+    pub slot_mapping: BufferId,
+    pub block_tables: BufferId,
+    pub last_token: BufferId,
+    /// Per-sequence sampling parameters, when the program samples.
+    pub sampling: Option<Sampling>,
+    pub sampled: BufferId,
+    /// `[seqs, vocab]` f32 last-position logits, when the program exposes them.
+    pub logits: Option<BufferId>,
+    /// The vocabulary size (the logits' second dimension), when `logits` is bound.
+    pub vocab: Option<i64>,
+    /// The per-token state paged by `slot_mapping` / `block_tables`.
+    pub kv: Option<StateId>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sampling {
+    pub temperature: BufferId,
+    pub top_k: BufferId,
+    pub top_p: BufferId,
+    pub seeds: BufferId,
 }
 
 #[derive(Clone, Debug, PartialEq)]

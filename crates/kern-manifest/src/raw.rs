@@ -50,6 +50,25 @@ pub struct RawManifest {
     /// More named programs (e.g. `prefill`, `decode`).
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub programs: IndexMap<String, RawProgram>,
+    /// kern 4.1 (step ABI 1, docs/step-abi.md): which buffers the engine fills before a step
+    /// and reads after it, for serving (`kern generate`, `kern serve`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<RawStep>,
+}
+
+/// kern 4.1: the step ABI binding — ABI role → buffer name.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawStep {
+    /// The step ABI version (1).
+    pub abi: u32,
+    /// ABI role (`token_ids`, `positions`, `seq_lens`, `query_start`, `slot_mapping`,
+    /// `block_tables`, `last_token`, `temperature`, `top_k`, `top_p`, `seeds`, `sampled`,
+    /// `logits`) → the name of the buffer that plays it.
+    pub buffers: IndexMap<String, String>,
+    /// The per-token state that `slot_mapping` and `block_tables` page (the KV cache).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv: Option<String>,
 }
 
 /// The schema version a manifest is written for.

@@ -391,3 +391,16 @@ fn packing_the_seed_launch() {
         Ok(3 * 2560 * 2)
     );
 }
+
+#[test]
+fn step_abi_binding_passes_and_resolves() {
+    let m = check("step");
+    let s = m.step.as_ref().expect("the step section is checked");
+    assert_eq!(s.abi, 1);
+    assert_eq!(m.buffers[s.query_start.0].name, "query_start");
+    assert_eq!(m.buffers[s.block_tables.0].name, "block_tables");
+    assert_eq!(s.vocab, Some(1000));
+    assert!(s.sampling.is_some());
+    assert_eq!(m.states[s.kv.expect("kv").0].name, "kv");
+    assert_eq!(m.vars[s.pages.0].name, "pages");
+}

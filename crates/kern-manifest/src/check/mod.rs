@@ -9,6 +9,7 @@
 mod modules;
 mod ops;
 mod program;
+mod step;
 
 use crate::decode::Broken;
 use crate::diag::{did_you_mean, JsonPath, Sink};
@@ -75,6 +76,7 @@ pub(crate) fn check(
     c.modules();
     c.ops();
     let programs = c.programs();
+    let step = c.step();
     // An op that could not be read may be the module's user: say nothing then.
     for (i, used) in c.modules_used.iter().enumerate() {
         if !used && broken.ops.is_empty() {
@@ -101,6 +103,7 @@ pub(crate) fn check(
         modules,
         ops: c.ops,
         programs,
+        step,
         warnings: vec![],
         index: c.names,
     })

@@ -145,6 +145,10 @@ pub(crate) fn decode(doc: &Json, sink: &mut Sink) -> Option<Decoded> {
             ),
         }
     }
+    let step = o.get("step").and_then(|(v, p)| {
+        d.ext(&p, "`step`");
+        d.step(v, &p)
+    });
     o.finish(&mut d);
 
     let declared = version.unwrap_or(SchemaVersion::LATEST);
@@ -175,6 +179,7 @@ pub(crate) fn decode(doc: &Json, sink: &mut Sink) -> Option<Decoded> {
         ops,
         program,
         programs,
+        step,
     };
     Some(Decoded {
         raw,
@@ -442,6 +447,27 @@ impl Dec<'_> {
             .and_then(|(v, p)| self.int(v, &p, i64::MIN.into(), i64::MAX.into()));
         o.finish(self);
         Some(RawVar { max: max? as i64 })
+    }
+
+    fn step(&mut self, v: &Json, path: &JsonPath) -> Option<RawStep> {
+        let mut o = self.obj(v, path, "the step ABI binding")?;
+        let abi = self.req(&mut o, "abi", "1").and_then(|(v, p)| self.u32(v, &p));
+        let buffers = self.req(&mut o, "buffers", "{\"token_ids\": \"BUF\", …}").and_then(|(v, p)| {
+            let Json::Object(entries) = v else {
+                self.sink.error(&p, format!("expected an object of ABI role → buffer name, found {}", v.kind()));
+                return None;
+            };
+            let mut m = IndexMap::new();
+            for (pos, (k, v)) in entries.iter().enumerate() {
+                if let Some(s) = self.string(v, &p.entry(k, pos)) {
+                    m.insert(k.clone(), s);
+                }
+            }
+            Some(m)
+        });
+        let kv = o.get("kv").and_then(|(v, p)| self.string(v, &p));
+        o.finish(self);
+        Some(RawStep { abi: abi?, buffers: buffers?, kv })
     }
 
     fn state(&mut self, v: &Json, path: &JsonPath) -> Option<RawState> {

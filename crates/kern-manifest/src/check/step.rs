@@ -1,0 +1,206 @@
+//! The `step` section (kern 4.1, step ABI 1): which buffers play the roles the engine fills
+//! before a step and reads after it. Each role has a fixed dtype, shape (over the vars
+//! `tokens`, `seqs` and `pages`) and direction; see `docs/step-abi.md`.
+
+use super::Checker;
+use crate::diag::{did_you_mean, JsonPath};
+use crate::manifest::{BufferId, Sampling, StateId, StateSize, Step, VarId};
+use crate::raw::Role;
+use crate::types::DType;
+
+/// Step ABI versions this kern reads.
+pub const ABI_VERSIONS: &[u32] = &[1];
+
+struct Spec {
+    role: &'static str,
+    dtype: DType,
+    /// Dimensions over (tokens, seqs, pages); `None` is any constant (the vocabulary).
+    shape: &'static [Dim],
+    output: bool,
+    required: bool,
+}
+
+#[derive(Clone, Copy)]
+enum Dim {
+    Tokens,
+    Seqs,
+    SeqsPlus1,
+    Pages,
+    AnyConst,
+}
+
+const SPECS: &[Spec] = &[
+    Spec { role: "token_ids", dtype: DType::I32, shape: &[Dim::Tokens], output: false, required: true },
+    Spec { role: "positions", dtype: DType::I32, shape: &[Dim::Tokens], output: false, required: true },
+    Spec { role: "seq_lens", dtype: DType::I32, shape: &[Dim::Seqs], output: false, required: true },
+    Spec { role: "query_start", dtype: DType::I32, shape: &[Dim::SeqsPlus1], output: false, required: true },
+    Spec { role: "slot_mapping", dtype: DType::I32, shape: &[Dim::Tokens], output: false, required: true },
+    Spec { role: "block_tables", dtype: DType::I32, shape: &[Dim::Seqs, Dim::Pages], output: false, required: true },
+    Spec { role: "last_token", dtype: DType::I32, shape: &[Dim::Seqs], output: false, required: true },
+    Spec { role: "temperature", dtype: DType::F32, shape: &[Dim::Seqs], output: false, required: false },
+    Spec { role: "top_k", dtype: DType::I32, shape: &[Dim::Seqs], output: false, required: false },
+    Spec { role: "top_p", dtype: DType::F32, shape: &[Dim::Seqs], output: false, required: false },
+    Spec { role: "seeds", dtype: DType::U64, shape: &[Dim::Seqs], output: false, required: false },
+    Spec { role: "sampled", dtype: DType::I32, shape: &[Dim::Seqs], output: true, required: true },
+    Spec { role: "logits", dtype: DType::F32, shape: &[Dim::Seqs, Dim::AnyConst], output: true, required: false },
+];
+
+const SAMPLING: [&str; 4] = ["temperature", "top_k", "top_p", "seeds"];
+
+fn shape_text(s: &[Dim]) -> String {
+    let d: Vec<&str> = s
+        .iter()
+        .map(|d| match d {
+            Dim::Tokens => "tokens",
+            Dim::Seqs => "seqs",
+            Dim::SeqsPlus1 => "seqs+1",
+            Dim::Pages => "pages",
+            Dim::AnyConst => "VOCAB",
+        })
+        .collect();
+    format!("[{}]", d.join(", "))
+}
+
+impl Checker<'_> {
+    pub(super) fn step(&mut self) -> Option<Step> {
+        let raw = self.raw.step.as_ref()?;
+        let path = JsonPath::root().field("step");
+        let mut ok = true;
+        if !ABI_VERSIONS.contains(&raw.abi) {
+            self.sink.error(&path.field("abi"), format!("step ABI {} is unknown: this kern reads ABI 1", raw.abi));
+            ok = false;
+        }
+        let var = |name: &str, sink: &mut crate::diag::Sink| -> Option<VarId> {
+            let id = self.names.vars.get(name).copied().map(VarId);
+            if id.is_none() {
+                sink.error(&path, format!("the step ABI sizes its buffers by the var `{name}`: declare it in `vars` (with its max)"));
+            }
+            id
+        };
+        let (tokens, seqs, pages) = (var("tokens", self.sink), var("seqs", self.sink), var("pages", self.sink));
+        let bpath = path.field("buffers");
+        let mut bound: Vec<(&'static str, BufferId)> = Vec::new();
+        for (pos, (role, buf)) in raw.buffers.iter().enumerate() {
+            let p = bpath.entry(role, pos);
+            let Some(spec) = SPECS.iter().find(|s| s.role == role) else {
+                let hint = did_you_mean(role, SPECS.iter().map(|s| s.role));
+                self.sink.error(&p, format!("`{role}` is not a step ABI role{hint}"));
+                ok = false;
+                continue;
+            };
+            let Some(&b) = self.names.buffers.get(buf) else {
+                let hint = did_you_mean(buf, self.names.buffers.keys().map(String::as_str));
+                self.sink.error(&p, format!("no buffer `{buf}`{hint}: declare it in `buffers` as {} {}", spec.dtype.name(), shape_text(spec.shape)));
+                ok = false;
+                continue;
+            };
+            let decl = &self.buffers[b];
+            let want_role = if spec.output { Role::Output } else { Role::Input };
+            let mut problems = Vec::new();
+            if decl.dtype != spec.dtype {
+                problems.push(format!("its dtype is {}, the ABI needs {}", decl.dtype.name(), spec.dtype.name()));
+            }
+            if decl.role != want_role {
+                problems.push(format!("its role is {}, the ABI needs \"role\": \"{}\"", decl.role.name(), want_role.name()));
+            }
+            if let (Some(t), Some(s), Some(pg)) = (tokens, seqs, pages) {
+                if !self.shape_matches(b, spec.shape, t, s, pg) {
+                    let have: Vec<String> = decl.shape.iter().map(|e| e.to_string()).collect();
+                    problems.push(format!("its shape is [{}], the ABI needs {}", have.join(", "), shape_text(spec.shape)));
+                }
+            }
+            if !problems.is_empty() {
+                self.sink.error(&p, format!("buffer `{buf}` cannot be the step's `{role}`: {}", problems.join("; ")));
+                ok = false;
+            }
+            bound.push((spec.role, BufferId(b)));
+        }
+        let get = |r: &str| bound.iter().find(|(k, _)| *k == r).map(|(_, b)| *b);
+        for s in SPECS.iter().filter(|s| s.required) {
+            if !raw.buffers.contains_key(s.role) {
+                self.sink.error(&bpath, format!("the step ABI role `{}` is not bound: add \"{}\": \"BUF\" (a {} {} {} buffer)", s.role, s.role, if s.output { "output" } else { "input" }, s.dtype.name(), shape_text(s.shape)));
+                ok = false;
+            }
+        }
+        let sampling_given: Vec<&str> = SAMPLING.iter().copied().filter(|r| raw.buffers.contains_key(*r)).collect();
+        if !sampling_given.is_empty() && sampling_given.len() != SAMPLING.len() {
+            let missing: Vec<&str> = SAMPLING.iter().copied().filter(|r| !raw.buffers.contains_key(*r)).collect();
+            self.sink.error(&bpath, format!("sampling roles come together: {} bound but {} not", sampling_given.join(", "), missing.join(", ")));
+            ok = false;
+        }
+        let kv = raw.kv.as_ref().and_then(|k| match self.names.states.get(k) {
+            Some(&i) if matches!(self.states[i].size, StateSize::PerToken { .. }) => Some(StateId(i)),
+            Some(_) => {
+                self.sink.error(&path.field("kv"), format!("state `{k}` is per sequence: the step's kv must be a per-token (paged) state"));
+                ok = false;
+                None
+            }
+            None => {
+                let hint = did_you_mean(k, self.names.states.keys().map(String::as_str));
+                self.sink.error(&path.field("kv"), format!("no state `{k}`{hint}"));
+                ok = false;
+                None
+            }
+        });
+        if !ok {
+            return None;
+        }
+        let logits = get("logits");
+        let vocab = logits.and_then(|b| self.buffers[b.0].shape.get(1).and_then(|e| e.as_const()));
+        Some(Step {
+            abi: raw.abi,
+            tokens: tokens?,
+            seqs: seqs?,
+            pages: pages?,
+            token_ids: get("token_ids")?,
+            positions: get("positions")?,
+            seq_lens: get("seq_lens")?,
+            query_start: get("query_start")?,
+            slot_mapping: get("slot_mapping")?,
+            block_tables: get("block_tables")?,
+            last_token: get("last_token")?,
+            sampling: match (get("temperature"), get("top_k"), get("top_p"), get("seeds")) {
+                (Some(temperature), Some(top_k), Some(top_p), Some(seeds)) => Some(Sampling { temperature, top_k, top_p, seeds }),
+                _ => None,
+            },
+            sampled: get("sampled")?,
+            logits,
+            vocab,
+            kv,
+        })
+    }
+
+    /// Whether buffer `b`'s shape equals `want` at several var assignments (all at max, all at
+    /// 1, and each of tokens / seqs / pages alone at its max).
+    fn shape_matches(&self, b: usize, want: &[Dim], t: VarId, s: VarId, p: VarId) -> bool {
+        let shape = &self.buffers[b].shape;
+        if shape.len() != want.len() {
+            return false;
+        }
+        let mut points = vec![self.at_max.clone(), self.at_min.clone()];
+        for v in [t, s, p] {
+            let mut x = self.at_min.clone();
+            x[v.0] = self.at_max[v.0];
+            points.push(x);
+        }
+        for vars in &points {
+            for (e, d) in shape.iter().zip(want) {
+                let Ok(got) = e.eval(vars) else { return false };
+                let need = match d {
+                    Dim::Tokens => vars[t.0],
+                    Dim::Seqs => vars[s.0],
+                    Dim::SeqsPlus1 => vars[s.0] + 1,
+                    Dim::Pages => vars[p.0],
+                    Dim::AnyConst => match e.as_const() {
+                        Some(c) if c > 0 => c,
+                        _ => return false,
+                    },
+                };
+                if got != need {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
