@@ -2,6 +2,7 @@
 //! layer over the library crates; errors are reported here, once, with `anyhow`.
 
 mod check;
+mod dump;
 mod extract;
 mod inspect;
 mod plan;
@@ -30,6 +31,7 @@ enum Command {
     Plan(plan::Args),
     Run(run::Args),
     Selftest(selftest::Args),
+    Dump(dump::Args),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => plan::run(a),
         Command::Run(a) => run::run(a),
         Command::Selftest(a) => selftest::run(a),
+        Command::Dump(a) => dump::run(a),
     };
     match result {
         Ok(code) => code,

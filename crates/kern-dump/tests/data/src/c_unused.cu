@@ -1,0 +1,1 @@
+__global__ void Unused(float *A) { A[threadIdx.x] = 0.0f; }
