@@ -1,0 +1,236 @@
+// Row-wise kernels of the qwen3 pack: embedding, RMSNorm (plain and fused with the residual add),
+// SwiGLU, last-position gather. One CTA per row; 16-byte vector loads when the row length is a
+// multiple of 8 elements and the pointers are 16-byte aligned, a scalar path otherwise.
+//
+// Built WITHOUT --use_fast_math: expf, division and rsqrtf must be the same functions PyTorch's
+// CUDA kernels call, so that results match transformers' bf16 rounding order bit for bit where
+// the reduction order allows. See KERNELS.md for grids, semantics and padded-row behaviour.
+#include "common.cuh"
+
+using namespace kern;
+
+#define ROW_THREADS 128
+#define ROW_CACHE 8  // 16-byte chunks cached in registers per thread: rows up to 128*8*8 = 8192
+
+static __device__ __forceinline__ bool aligned16(const void* p) {
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+// ----------------------------------------------------------------------------- embedding
+// out[t, :] = table[ids[t], :]; ids outside [0, vocab) give a row of zeros.
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+embedding(bf16* __restrict__ out, const bf16* __restrict__ table, const int* __restrict__ ids,
+          int n, int hidden, int vocab) {
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    const int id = ids[t];
+    const bool valid = id >= 0 && id < vocab;
+    bf16* o = out + (size_t)t * hidden;
+    const bf16* src = table + (size_t)(valid ? id : 0) * hidden;
+    if ((hidden & 7) == 0 && aligned16(out) && aligned16(table)) {
+        const int nc = hidden >> 3;
+        for (int c = threadIdx.x; c < nc; c += ROW_THREADS) {
+            uint4 v = valid ? __ldg(reinterpret_cast<const uint4*>(src) + c) : make_uint4(0, 0, 0, 0);
+            reinterpret_cast<uint4*>(o)[c] = v;
+        }
+    } else {
+        for (int i = threadIdx.x; i < hidden; i += ROW_THREADS) o[i] = valid ? src[i] : b(0.f);
+    }
+}
+
+// ----------------------------------------------------------------------------- RMSNorm
+// transformers Qwen3RMSNorm:  h = x.float(); var = mean(h^2); h = h * rsqrt(var + eps);
+//                             return weight * h.to(bf16)          (product rounded to bf16)
+// With ADD (fused residual): residual = bf16(residual + x) first (transformers' bf16 add), and
+// the norm is taken of the new residual, which is also written back.
+template <bool ADD>
+__device__ __forceinline__ void rms_row(bf16* __restrict__ out, bf16* __restrict__ res,
+                                               const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                               int hidden, float eps) {
+    __shared__ float scratch[32];
+    const int tid = threadIdx.x;
+    // The row is taken from `src` (x for the plain norm, the updated residual for the fused one).
+    const bool vec = (hidden & 7) == 0 && aligned16(out) && aligned16(x) && aligned16(w) &&
+                     (!ADD || aligned16(res));
+    float ss = 0.f;
+    if (vec) {
+        const int nc = hidden >> 3;
+        uint4 cache[ROW_CACHE];
+#pragma unroll
+        for (int i = 0; i < ROW_CACHE; ++i) {
+            const int c = tid + i * ROW_THREADS;
+            if (c < nc) {
+                uint4 v = reinterpret_cast<const uint4*>(x)[c];
+                if (ADD) {
+                    uint4 r = reinterpret_cast<const uint4*>(res)[c];
+                    const uint32_t* vw = reinterpret_cast<const uint32_t*>(&v);
+                    const uint32_t* rw = reinterpret_cast<const uint32_t*>(&r);
+                    uint4 s;
+                    uint32_t* sw = reinterpret_cast<uint32_t*>(&s);
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        float2 a = unpack2(vw[k]), bb = unpack2(rw[k]);
+                        sw[k] = pack2(bb.x + a.x, bb.y + a.y);
+                    }
+                    reinterpret_cast<uint4*>(res)[c] = s;
+                    v = s;
+                }
+                cache[i] = v;
+                const uint32_t* vw = reinterpret_cast<const uint32_t*>(&v);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    float2 a = unpack2(vw[k]);
+                    ss += a.x * a.x + a.y * a.y;
+                }
+            }
+        }
+        // Rows longer than ROW_THREADS * ROW_CACHE * 8 elements: the rest is re-read in pass 2
+        // (each thread re-reads only what it wrote itself, so no barrier is needed for that).
+        for (int c = tid + ROW_CACHE * ROW_THREADS; c < nc; c += ROW_THREADS) {
+            uint4 v = reinterpret_cast<const uint4*>(x)[c];
+            if (ADD) {
+                uint4 r = reinterpret_cast<const uint4*>(res)[c];
+                const uint32_t* vw = reinterpret_cast<const uint32_t*>(&v);
+                const uint32_t* rw = reinterpret_cast<const uint32_t*>(&r);
+                uint4 s;
+                uint32_t* sw = reinterpret_cast<uint32_t*>(&s);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    float2 a = unpack2(vw[k]), bb = unpack2(rw[k]);
+                    sw[k] = pack2(bb.x + a.x, bb.y + a.y);
+                }
+                reinterpret_cast<uint4*>(res)[c] = s;
+                v = s;
+            }
+            const uint32_t* vw = reinterpret_cast<const uint32_t*>(&v);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float2 a = unpack2(vw[k]);
+                ss += a.x * a.x + a.y * a.y;
+            }
+        }
+        ss = block_sum(ss, scratch);
+        const float r = rsqrtf(ss * (1.0f / (float)hidden) + eps);
+#pragma unroll
+        for (int i = 0; i < ROW_CACHE; ++i) {
+            const int c = tid + i * ROW_THREADS;
+            if (c < nc) {
+                uint4 wv = __ldg(reinterpret_cast<const uint4*>(w) + c);
+                const uint32_t* vw = reinterpret_cast<const uint32_t*>(&cache[i]);
+                const uint32_t* ww = reinterpret_cast<const uint32_t*>(&wv);
+                uint4 o;
+                uint32_t* ow = reinterpret_cast<uint32_t*>(&o);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    float2 a = unpack2(vw[k]), g = unpack2(ww[k]);
+                    ow[k] = pack2(g.x * rb(a.x * r), g.y * rb(a.y * r));
+                }
+                reinterpret_cast<uint4*>(out)[c] = o;
+            }
+        }
+        const bf16* src = ADD ? res : x;
+        for (int c = tid + ROW_CACHE * ROW_THREADS; c < nc; c += ROW_THREADS) {
+            uint4 v = reinterpret_cast<const uint4*>(src)[c];
+            uint4 wv = __ldg(reinterpret_cast<const uint4*>(w) + c);
+            const uint32_t* vw = reinterpret_cast<const uint32_t*>(&v);
+            const uint32_t* ww = reinterpret_cast<const uint32_t*>(&wv);
+            uint4 o;
+            uint32_t* ow = reinterpret_cast<uint32_t*>(&o);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float2 a = unpack2(vw[k]), g = unpack2(ww[k]);
+                ow[k] = pack2(g.x * rb(a.x * r), g.y * rb(a.y * r));
+            }
+            reinterpret_cast<uint4*>(out)[c] = o;
+        }
+    } else {
+        // Scalar path (any hidden, any alignment). Pass 2 re-reads what the same thread wrote.
+        for (int i = tid; i < hidden; i += ROW_THREADS) {
+            float v = f(x[i]);
+            if (ADD) {
+                v = rb(f(res[i]) + v);
+                res[i] = b(v);
+            }
+            ss += v * v;
+        }
+        ss = block_sum(ss, scratch);
+        const float r = rsqrtf(ss * (1.0f / (float)hidden) + eps);
+        const bf16* src = ADD ? res : x;
+        for (int i = tid; i < hidden; i += ROW_THREADS) out[i] = b(f(w[i]) * rb(f(src[i]) * r));
+    }
+}
+
+// out[t] = rmsnorm(x[t]) * w
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+rms_norm(bf16* __restrict__ out, const bf16* __restrict__ x, const bf16* __restrict__ w, int n, int hidden,
+         float eps) {
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    rms_row<false>(out + (size_t)t * hidden, nullptr, x + (size_t)t * hidden, w, hidden, eps);
+}
+
+// residual[t] = bf16(residual[t] + x[t]); out[t] = rmsnorm(residual[t]) * w
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+add_rms_norm(bf16* __restrict__ out, bf16* __restrict__ residual, const bf16* __restrict__ x,
+             const bf16* __restrict__ w, int n, int hidden, float eps) {
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    rms_row<true>(out + (size_t)t * hidden, residual + (size_t)t * hidden, x + (size_t)t * hidden, w, hidden,
+                  eps);
+}
+
+// ----------------------------------------------------------------------------- SwiGLU
+// gate_up[t] = [gate (inter) | up (inter)];  out[t, i] = bf16( bf16(silu(gate)) * up )
+// transformers: down_proj(act_fn(gate_proj(x)) * up_proj(x)); F.silu on bf16 computes
+// x / (1 + exp(-x)) in fp32 and rounds once; the product is a second bf16 op.
+static __device__ __forceinline__ float silu_bf16(float g) { return rb(g / (1.0f + expf(-g))); }
+
+extern "C" __global__ void __launch_bounds__(ROW_THREADS * 2)
+swiglu(bf16* __restrict__ out, const bf16* __restrict__ gate_up, int n, int inter) {
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    const bf16* g = gate_up + (size_t)t * 2 * inter;
+    const bf16* u = g + inter;
+    bf16* o = out + (size_t)t * inter;
+    if ((inter & 7) == 0 && aligned16(gate_up) && aligned16(out)) {
+        const int nc = inter >> 3;
+        for (int c = threadIdx.x; c < nc; c += ROW_THREADS * 2) {
+            uint4 gv = reinterpret_cast<const uint4*>(g)[c];
+            uint4 uv = reinterpret_cast<const uint4*>(u)[c];
+            const uint32_t* gw = reinterpret_cast<const uint32_t*>(&gv);
+            const uint32_t* uw = reinterpret_cast<const uint32_t*>(&uv);
+            uint4 ov;
+            uint32_t* ow = reinterpret_cast<uint32_t*>(&ov);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float2 a = unpack2(gw[k]), bb = unpack2(uw[k]);
+                ow[k] = pack2(silu_bf16(a.x) * bb.x, silu_bf16(a.y) * bb.y);
+            }
+            reinterpret_cast<uint4*>(o)[c] = ov;
+        }
+    } else {
+        for (int i = threadIdx.x; i < inter; i += ROW_THREADS * 2) o[i] = b(silu_bf16(f(g[i])) * f(u[i]));
+    }
+}
+
+// ----------------------------------------------------------------------------- gather_last
+// out[s, :] = x[last_token[s], :]; an index outside [0, tokens) gives a row of zeros.
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+gather_last(bf16* __restrict__ out, const bf16* __restrict__ x, const int* __restrict__ last_token, int seqs,
+            int tokens, int hidden) {
+    const int s = blockIdx.x;
+    if (s >= seqs) return;
+    const int t = last_token[s];
+    const bool valid = t >= 0 && t < tokens;
+    const bf16* src = x + (size_t)(valid ? t : 0) * hidden;
+    bf16* o = out + (size_t)s * hidden;
+    if ((hidden & 7) == 0 && aligned16(out) && aligned16(x)) {
+        const int nc = hidden >> 3;
+        for (int c = threadIdx.x; c < nc; c += ROW_THREADS) {
+            uint4 v = valid ? reinterpret_cast<const uint4*>(src)[c] : make_uint4(0, 0, 0, 0);
+            reinterpret_cast<uint4*>(o)[c] = v;
+        }
+    } else {
+        for (int i = threadIdx.x; i < hidden; i += ROW_THREADS) o[i] = valid ? src[i] : b(0.f);
+    }
+}

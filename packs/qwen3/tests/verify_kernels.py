@@ -1,0 +1,1209 @@
+#!/usr/bin/env python3
+"""Verify the qwen3 pack's kernels (cubins) against PyTorch references on a GPU.
+
+    python3 packs/qwen3/tests/verify_kernels.py [CUBIN_DIR] [--only GROUP,...] [--quick]
+                                                [--no-timing] [--deadline SECONDS]
+
+CUBIN_DIR defaults to build/packs/qwen3 (made by packs/qwen3/build.sh). Needs python3 with torch,
+cupy (cupy-cuda13x) and numpy, and one GPU. kern itself is not involved: each cubin is loaded with
+cupy.RawModule(path=...) and launched exactly the way the manifest describes (grid/block formulas
+of packs/qwen3/KERNELS.md), with typed scalars (np.int32 / np.float32) and raw device pointers.
+
+Every GROUP runs in its own subprocess, so a kernel that faults (and poisons its CUDA context)
+cannot stop the others; inside a group every case has its own try/except and traceback.
+Outputs are poisoned with NaN (or -7 for integer outputs) before each launch, and guard rows /
+untouched parts of the KV pool are checked to still hold the poison.
+
+Tolerance for bf16 outputs: max_abs_err(kern vs fp64 reference) <= 1.5 * max_abs_err(PyTorch bf16
+implementation of the same op vs the same reference) + 2^-7 * max|reference| (one bf16 ulp at the largest magnitude). Index outputs and
+pure copies must match exactly. Sampling: determinism, never a token outside the top-k / top-p
+set, and chi-square goodness of fit (p-value > 1e-3).
+
+--mock runs the harness on the CPU with PyTorch stand-ins for the kernels (a self-test of this
+script, used where there is no GPU); --quick shrinks the shapes.
+--deadline (default 540 s) bounds the whole run (the GPU machine allows 600 s per command): a
+group that would start after it is reported as FAIL (not run); a group is killed after 300 s.
+Exit status: 0 when every case passed, 1 otherwise.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+GROUPS = ["rowwise", "kv_write", "qk_norm_rope", "attention", "argmax", "sample", "timing"]
+
+MODULE_OF = {
+    "embedding": "rowwise", "rms_norm": "rowwise", "add_rms_norm": "rowwise", "swiglu": "rowwise",
+    "gather_last": "rowwise", "qk_norm_rope": "rope", "kv_write": "rope",
+    "attention_d128": "attention", "attention_d64": "attention", "argmax": "sampling", "sample": "sampling",
+}
+
+EPS = 1e-6
+THETA = 1e6
+
+
+def cdiv(a, b):
+    return (a + b - 1) // b
+
+
+# ============================================================================ orchestration
+def parse_args(argv):
+    opts = {"dir": "build/packs/qwen3", "only": None, "mock": False, "quick": False, "timing": True,
+            "json": None, "child": None, "deadline": 540.0}
+    rest = list(argv)
+    pos = []
+    while rest:
+        a = rest.pop(0)
+        if a == "--only":
+            opts["only"] = rest.pop(0).split(",")
+        elif a == "--mock":
+            opts["mock"] = True
+        elif a == "--quick":
+            opts["quick"] = True
+        elif a == "--no-timing":
+            opts["timing"] = False
+        elif a == "--json":
+            opts["json"] = rest.pop(0)
+        elif a == "--deadline":
+            opts["deadline"] = float(rest.pop(0))
+        elif a == "--child":
+            opts["child"] = rest.pop(0)
+        elif a in ("-h", "--help"):
+            print(__doc__)
+            sys.exit(0)
+        elif a.startswith("--"):
+            sys.exit(f"verify_kernels: unknown option {a}")
+        else:
+            pos.append(a)
+    if pos:
+        opts["dir"] = pos[0]
+    return opts
+
+
+def fmt_num(x):
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    if x != x:
+        return "nan"
+    if x == 0:
+        return "0"
+    return f"{x:.3e}"
+
+
+def print_table(rows):
+    heads = ["kernel", "shape", "max_abs_err", "rel_err", "torch_bf16_err", "tol", "status", "note"]
+    cells = [[r.get("kernel", "?"), r.get("shape", ""), fmt_num(r.get("err")), fmt_num(r.get("rel")),
+              fmt_num(r.get("terr")), fmt_num(r.get("tol")), r.get("status", "?"), r.get("note", "")]
+             for r in rows]
+    widths = [max(len(h), *(len(str(c[i])) for c in cells)) if cells else len(h) for i, h in enumerate(heads)]
+    widths[-1] = min(widths[-1], 80)
+    line = "  ".join(h.ljust(w) for h, w in zip(heads, widths))
+    print(line)
+    print("-" * len(line))
+    for c in cells:
+        print("  ".join(str(v)[:80].ljust(w) for v, w in zip(c, widths)))
+
+
+def main_parent(opts):
+    groups = opts["only"] or GROUPS
+    if not opts["timing"] and opts["only"] is None:
+        groups = [g for g in groups if g != "timing"]
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown:
+        sys.exit(f"verify_kernels: unknown group(s) {unknown}; groups: {GROUPS}")
+    print(f"verify_kernels: cubins from {os.path.abspath(opts['dir'])}; groups {groups}"
+          f"{' (MOCK: harness self-test on CPU)' if opts['mock'] else ''}", flush=True)
+    sums = os.path.join(opts["dir"], "SHA256SUMS")
+    if os.path.exists(sums):
+        with open(sums) as fh:
+            for line in fh:
+                if ".cubin" in line and not line.split()[-1].startswith("gemm"):
+                    print("  " + line.strip())
+    rows = []
+    t_all = time.time()
+    for g in groups:
+        left = opts["deadline"] - (time.time() - t_all)
+        if left < 20:
+            rows.append({"kernel": g, "shape": "(group)", "status": "FAIL",
+                         "note": f"not run: the {opts['deadline']:.0f} s deadline was reached"})
+            continue
+        fd, jpath = tempfile.mkstemp(suffix=".json", prefix=f"verify_{g}_")
+        os.close(fd)
+        cmd = [sys.executable, os.path.abspath(__file__), opts["dir"], "--child", g, "--json", jpath]
+        if opts["mock"]:
+            cmd.append("--mock")
+        if opts["quick"]:
+            cmd.append("--quick")
+        print(f"\n===== group {g} =====", flush=True)
+        t0 = time.time()
+        try:
+            proc = subprocess.run(cmd, timeout=left if opts["mock"] else min(300.0, left))
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        got = []
+        try:
+            with open(jpath) as fh:
+                got = json.load(fh)
+        except Exception:
+            got = []
+        finally:
+            try:
+                os.unlink(jpath)
+            except OSError:
+                pass
+        rows.extend(got)
+        if rc != 0:
+            rows.append({"kernel": g, "shape": "(group)", "status": "FAIL",
+                         "note": f"group process ended with {rc} after {len(got)} case(s) (see its log above)"})
+        print(f"===== group {g}: {len(got)} case(s), rc={rc}, {time.time() - t0:.1f} s", flush=True)
+    print("\n\n========== SUMMARY ==========")
+    print_table(rows)
+    nfail = sum(1 for r in rows if r.get("status") == "FAIL")
+    npass = sum(1 for r in rows if r.get("status") == "PASS")
+    print(f"\n{npass} passed, {nfail} failed  ({time.time() - t_all:.1f} s)")
+    return 1 if nfail else 0
+
+
+# ============================================================================ child: setup
+torch = None
+np = None
+DEV = None
+BF = None
+
+
+class P:  # device pointer argument
+    def __init__(self, t):
+        self.t = t
+
+
+class I32:
+    def __init__(self, v):
+        self.v = int(v)
+
+
+class F32:
+    def __init__(self, v):
+        self.v = float(v)
+
+
+class Kernels:
+    def __init__(self, cubin_dir, mock):
+        self.dir = cubin_dir
+        self.mock = mock
+        self.mods = {}
+        self.fns = {}
+
+    def fn(self, name):
+        if name in self.fns:
+            return self.fns[name]
+        import cupy
+        stem = MODULE_OF[name]
+        if stem not in self.mods:
+            path = os.path.join(self.dir, f"{stem}.sm_90a.cubin")
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"{path} missing (run packs/qwen3/build.sh)")
+            self.mods[stem] = cupy.RawModule(path=path)
+        self.fns[name] = self.mods[stem].get_function(name)
+        return self.fns[name]
+
+    def launch(self, name, grid, block, args, smem=0):
+        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
+        assert all(g >= 1 for g in grid), f"{name}: empty grid {grid}"
+        if self.mock:
+            vals = [a.t if isinstance(a, P) else a.v for a in args]
+            MOCKS[name](grid, block, *vals)
+            return
+        conv = []
+        for a in args:
+            if isinstance(a, P):
+                assert a.t.is_cuda and a.t.is_contiguous()
+                conv.append(np.uint64(a.t.data_ptr()))
+            elif isinstance(a, I32):
+                conv.append(np.int32(a.v))
+            elif isinstance(a, F32):
+                conv.append(np.float32(a.v))
+            else:
+                raise TypeError(a)
+        f = self.fn(name)
+        torch.cuda.synchronize()
+        f(grid, block, tuple(conv), shared_mem=smem)
+        torch.cuda.synchronize()
+
+    def timed(self, name, grid, block, args, iters=20):
+        """Average µs per launch (GPU only)."""
+        if self.mock:
+            return None
+        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
+        conv = []
+        for a in args:
+            conv.append(np.uint64(a.t.data_ptr()) if isinstance(a, P) else
+                        np.int32(a.v) if isinstance(a, I32) else np.float32(a.v))
+        f = self.fn(name)
+        for _ in range(3):
+            f(grid, block, tuple(conv))
+        torch.cuda.synchronize()
+        e0 = torch.cuda.Event(enable_timing=True)
+        e1 = torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(iters):
+            f(grid, block, tuple(conv))
+        e1.record()
+        torch.cuda.synchronize()
+        return e0.elapsed_time(e1) * 1000.0 / iters
+
+
+class Results:
+    def __init__(self, json_path=None):
+        self.rows = []
+        self.json_path = json_path
+
+    def add(self, **kw):
+        self.rows.append(kw)
+        if self.json_path:  # rewritten after every case: a killed group keeps what it finished
+            with open(self.json_path, "w") as fh:
+                json.dump(self.rows, fh)
+        print(f"  [{kw.get('status')}] {kw.get('kernel')} {kw.get('shape', '')}: err={fmt_num(kw.get('err'))} "
+              f"torch_bf16_err={fmt_num(kw.get('terr'))} tol={fmt_num(kw.get('tol'))} {kw.get('note', '')}",
+              flush=True)
+
+    def case(self, kernel, shape, fn):
+        """Run one case; an exception is a FAIL with its traceback, never the end of the group."""
+        try:
+            fn()
+        except Exception as e:
+            traceback.print_exc()
+            self.add(kernel=kernel, shape=shape, status="FAIL", note=f"exception: {type(e).__name__}: {e}"[:200])
+
+
+def nanfull(shape, dtype=None):
+    return torch.full(shape, float("nan"), dtype=dtype or BF, device=DEV)
+
+
+def bits_equal(a, b):
+    if a.shape != b.shape:
+        return False
+    if a.dtype == BF:
+        return torch.equal(a.contiguous().view(torch.int16), b.contiguous().view(torch.int16))
+    return torch.equal(a, b)
+
+
+def close(R, kernel, shape, out, ref, tbf=None, exact=None, note=""):
+    """Compare a bf16/fp32 output with an fp64 reference (and a torch bf16 implementation)."""
+    o = out.double()
+    r = ref.double()
+    finite = torch.isfinite(r)
+    nan_bad = int((~torch.isfinite(o) & finite).sum())
+    d = (o - r).abs()
+    d = torch.where(finite, d, torch.zeros_like(d))
+    d = torch.nan_to_num(d, nan=float("inf"))
+    err = float(d.max()) if d.numel() else 0.0
+    scale = float(r[finite].abs().max()) if bool(finite.any()) else 0.0
+    terr = None
+    bm = ""
+    if tbf is not None:
+        td = (tbf.double() - r).abs()
+        td = torch.where(finite, td, torch.zeros_like(td))
+        terr = float(td.max()) if td.numel() else 0.0
+        same = (out.double() == tbf.double()) | (torch.isnan(out.double()) & torch.isnan(tbf.double()))
+        bm = f"bit-identical to torch bf16: {100.0 * float(same.double().mean()):.2f}%"
+    tol = (1.5 * terr if terr is not None else 0.0) + 2.0 ** -7 * scale
+    ok = nan_bad == 0 and err <= tol
+    notes = [n for n in [note, bm] if n]
+    if nan_bad:
+        notes.append(f"{nan_bad} non-finite outputs")
+    if exact is not None:
+        if not bits_equal(out, exact):
+            ok = False
+            mism = int((out.double() != exact.double()).sum())
+            notes.append(f"NOT bit-exact: {mism} elements differ")
+        else:
+            notes.append("bit-exact")
+    R.add(kernel=kernel, shape=shape, err=err, rel=(err / scale if scale else 0.0), terr=terr, tol=tol,
+          status="PASS" if ok else "FAIL", note="; ".join(notes))
+    return ok
+
+
+def guard_nan(R, kernel, shape, t, what="guard rows"):
+    if t.numel() == 0:
+        return True
+    ok = bool(torch.isnan(t.double()).all())
+    if not ok:
+        R.add(kernel=kernel, shape=shape, status="FAIL", note=f"{what} were written ({int((~torch.isnan(t.double())).sum())} elements)")
+    return ok
+
+
+def gen(seed):
+    g = torch.Generator(device="cpu")
+    g.manual_seed(seed)
+    return g
+
+
+def randn(shape, seed, scale=1.0, dtype=None):
+    t = torch.randn(shape, generator=gen(seed), dtype=torch.float32) * scale
+    return t.to(DEV).to(dtype or BF)
+
+
+# ============================================================================ references
+def hf_rmsnorm(x, w, eps=EPS):
+    """transformers Qwen3RMSNorm.forward on bf16 tensors."""
+    h = x.to(torch.float32)
+    var = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(var + eps)
+    return w * h.to(x.dtype)
+
+
+def ref_rmsnorm(x64, w, eps=EPS):
+    return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+def hf_inv_freq(D, theta=THETA):
+    # transformers _compute_default_rope_parameters (computed on the CPU at model init)
+    return 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.int64).to(dtype=torch.float) / D))
+
+
+def hf_cos_sin(pos, D, theta=THETA):
+    inv = hf_inv_freq(D, theta).to(DEV)
+    freqs = pos.to(DEV).float()[:, None] * inv[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(BF), emb.sin().to(BF)
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def ref_cos_sin64(pos, D, theta=THETA):
+    inv = hf_inv_freq(D, theta).double().to(DEV)
+    ang = pos.to(DEV).double()[:, None] * inv[None, :]
+    ang = torch.cat((ang, ang), dim=-1)
+    return ang.cos(), ang.sin()
+
+
+def pool_view(pool, layers, page_tokens, kvh, D):
+    return pool.view(-1, layers, 2, page_tokens, kvh, D)
+
+
+# ============================================================================ group: rowwise
+def g_rowwise(K, R, quick):
+    # ---- embedding
+    for (V, H, n) in ([(1000, 1000, 7), (1000, 1024, 300), (4000, 2560, 64), (3, 1024, 1)] if not quick else
+                      [(100, 1000, 7), (100, 1024, 9)]):
+        shape = f"V={V} H={H} n={n}"
+
+        def run(V=V, H=H, n=n, shape=shape):
+            table = randn((V, H), 1)
+            ids = torch.randint(0, V, (n,), generator=gen(2), dtype=torch.int32)
+            if n >= 3:
+                ids[0], ids[1], ids[2] = -1, V, V + 7
+            ids = ids.to(DEV)
+            out = nanfull((n + 2, H))
+            K.launch("embedding", (n,), (128,), [P(out), P(table), P(ids), I32(n), I32(H), I32(V)])
+            valid = (ids >= 0) & (ids < V)
+            ref = torch.zeros((n, H), dtype=BF, device=DEV)
+            ref[valid] = table[ids[valid].long()]
+            ok = guard_nan(R, "embedding", shape, out[n:])
+            if ok:
+                close(R, "embedding", shape, out[:n], ref, exact=ref, note="ids -1/V/V+7 -> zeros" if n >= 3 else "")
+        R.case("embedding", shape, run)
+
+    # ---- rms_norm / add_rms_norm
+    cases = [(1000, 7), (1024, 1), (1024, 300), (2560, 64), (4096, 7), (10000, 3)] if not quick else [(1000, 3), (1024, 2)]
+    for (H, n) in cases:
+        shape = f"H={H} n={n}"
+
+        def run(H=H, n=n, shape=shape):
+            x = randn((n, H), 3, 2.0)
+            w = (1 + 0.1 * torch.randn(H, generator=gen(4))).to(DEV).to(BF)
+            out = nanfull((n + 2, H))
+            K.launch("rms_norm", (n,), (128,), [P(out), P(x), P(w), I32(n), I32(H), F32(EPS)])
+            if guard_nan(R, "rms_norm", shape, out[n:]):
+                close(R, "rms_norm", shape, out[:n], ref_rmsnorm(x.double(), w), tbf=hf_rmsnorm(x, w))
+        R.case("rms_norm", shape, run)
+
+        def run2(H=H, n=n, shape=shape):
+            res = randn((n, H), 5, 2.0)
+            x = randn((n, H), 6, 0.7)
+            w = (1 + 0.1 * torch.randn(H, generator=gen(7))).to(DEV).to(BF)
+            resbuf = nanfull((n + 2, H))
+            resbuf[:n] = res
+            out = nanfull((n + 2, H))
+            K.launch("add_rms_norm", (n,), (128,), [P(out), P(resbuf), P(x), P(w), I32(n), I32(H), F32(EPS)])
+            new_res = res + x  # transformers: residual + hidden_states, in bf16
+            ok = guard_nan(R, "add_rms_norm", shape, out[n:]) and guard_nan(R, "add_rms_norm", shape, resbuf[n:], "residual guard rows")
+            if not bits_equal(resbuf[:n], new_res):
+                R.add(kernel="add_rms_norm(residual)", shape=shape, status="FAIL",
+                      note=f"residual != bf16(residual + x): {int((resbuf[:n].double() != new_res.double()).sum())} differ")
+                ok = False
+            else:
+                R.add(kernel="add_rms_norm(residual)", shape=shape, err=0.0, status="PASS", note="bit-exact bf16 add")
+            if ok:
+                close(R, "add_rms_norm", shape, out[:n], ref_rmsnorm(res.double() + x.double(), w),
+                      tbf=hf_rmsnorm(new_res, w))
+        R.case("add_rms_norm", shape, run2)
+
+    # ---- swiglu
+    for (I, n) in ([(1000, 7), (3072, 1), (3072, 300), (9728, 7)] if not quick else [(1000, 3), (24, 2)]):
+        shape = f"I={I} n={n}"
+
+        def run(I=I, n=n, shape=shape):
+            gu = randn((n, 2 * I), 8, 2.0)
+            out = nanfull((n + 2, I))
+            K.launch("swiglu", (n,), (256,), [P(out), P(gu), I32(n), I32(I)])
+            g, u = gu[:, :I], gu[:, I:]
+            ref = torch.nn.functional.silu(g.double()) * u.double()
+            tbf = torch.nn.functional.silu(g) * u
+            if guard_nan(R, "swiglu", shape, out[n:]):
+                close(R, "swiglu", shape, out[:n], ref, tbf=tbf)
+        R.case("swiglu", shape, run)
+
+    # ---- gather_last
+    for (T, H, S) in ([(300, 1024, 5), (7, 1000, 3), (1, 2560, 1)] if not quick else [(9, 1000, 3)]):
+        shape = f"tokens={T} H={H} seqs={S}"
+
+        def run(T=T, H=H, S=S, shape=shape):
+            x = randn((T, H), 9)
+            last = torch.randint(0, T, (S,), generator=gen(10), dtype=torch.int32)
+            if S >= 3:
+                last[1], last[2] = -1, T
+            last = last.to(DEV)
+            out = nanfull((S + 2, H))
+            K.launch("gather_last", (S,), (128,), [P(out), P(x), P(last), I32(S), I32(T), I32(H)])
+            valid = (last >= 0) & (last < T)
+            ref = torch.zeros((S, H), dtype=BF, device=DEV)
+            ref[valid] = x[last[valid].long()]
+            if guard_nan(R, "gather_last", shape, out[S:]):
+                close(R, "gather_last", shape, out[:S], ref, exact=ref, note="index -1/tokens -> zeros" if S >= 3 else "")
+        R.case("gather_last", shape, run)
+
+
+# ============================================================================ group: kv_write
+def make_slots(n, page_tokens, num_pages, seed, invalid=()):
+    g = gen(seed)
+    perm = torch.randperm(num_pages * page_tokens, generator=g)[:n].to(torch.int32)
+    for i in invalid:
+        if i < n:
+            perm[i] = -1
+    return perm
+
+
+def g_kv_write(K, R, quick):
+    cfgs = [(16, 8, 128, 16, 7), (16, 8, 128, 64, 300), (14, 2, 64, 16, 300), (32, 8, 128, 16, 1)]
+    if quick:
+        cfgs = [(4, 2, 64, 16, 5), (2, 1, 128, 4, 3)]
+    layers, layer = 3, 1
+    for (Hq, Hkv, D, pt, n) in cfgs:
+        shape = f"Hq={Hq} Hkv={Hkv} D={D} page={pt} n={n}"
+
+        def run(Hq=Hq, Hkv=Hkv, D=D, pt=pt, n=n, shape=shape):
+            num_pages = cdiv(n, pt) + 3
+            qkv = randn((n, (Hq + 2 * Hkv) * D), 11)
+            slots = make_slots(n, pt, num_pages, 12, invalid=(1,)).to(DEV)
+            pool = nanfull((num_pages * pt * layers * 2 * Hkv * D,))
+            K.launch("kv_write", (n,), (128,), [P(pool), P(qkv), P(slots), I32(n), I32(Hq), I32(Hkv), I32(D),
+                                                 I32(layer), I32(layers), I32(pt)])
+            pv = pool_view(pool, layers, pt, Hkv, D)
+            valid = slots >= 0
+            s = slots[valid].long()
+            kref = qkv[valid][:, Hq * D:(Hq + Hkv) * D].reshape(-1, Hkv, D)
+            vref = qkv[valid][:, (Hq + Hkv) * D:].reshape(-1, Hkv, D)
+            kgot = pv[:, layer, 0].reshape(-1, Hkv, D)[s]
+            vgot = pv[:, layer, 1].reshape(-1, Hkv, D)[s]
+            written = int((~torch.isnan(pool.double())).sum())
+            expect = int(valid.sum()) * 2 * Hkv * D
+            ok = bits_equal(kgot, kref) and bits_equal(vgot, vref) and written == expect
+            R.add(kernel="kv_write", shape=shape, err=0.0 if ok else None, status="PASS" if ok else "FAIL",
+                  note=f"k/v bit-exact={bits_equal(kgot, kref) and bits_equal(vgot, vref)}; "
+                       f"{written} pool elements written, expected {expect} (slot -1 skipped)")
+        R.case("kv_write", shape, run)
+
+
+# ============================================================================ group: qk_norm_rope
+def g_qk_norm_rope(K, R, quick):
+    cfgs = [  # Hq, Hkv, D, page_tokens, n, flags, max position
+        (16, 8, 128, 16, 7, 1, 100), (32, 8, 128, 64, 300, 1, 40000), (16, 8, 128, 16, 1, 1, 5),
+        (14, 2, 64, 16, 64, 2, 30000), (14, 2, 64, 64, 7, 0, 1000), (8, 4, 128, 16, 33, 3, 20000),
+    ]
+    if quick:
+        cfgs = [(4, 2, 64, 16, 5, 1, 100), (4, 2, 128, 4, 3, 3, 30000)]
+    layers, layer = 2, 1
+    for (Hq, Hkv, D, pt, n, flags, maxpos) in cfgs:
+        shape = f"Hq={Hq} Hkv={Hkv} D={D} page={pt} n={n} flags={flags} pos<{maxpos}"
+
+        def run(Hq=Hq, Hkv=Hkv, D=D, pt=pt, n=n, flags=flags, maxpos=maxpos, shape=shape):
+            W = (Hq + 2 * Hkv) * D
+            num_pages = cdiv(n, pt) + 2
+            qkv0 = randn((n, W), 21, 1.5)
+            qn = (1 + 0.2 * torch.randn(D, generator=gen(22))).to(DEV).to(BF)
+            kn = (1 + 0.2 * torch.randn(D, generator=gen(23))).to(DEV).to(BF)
+            bias = randn((W,), 24, 0.5)
+            pos = torch.randint(0, maxpos, (n,), generator=gen(25), dtype=torch.int32)
+            pos[0] = maxpos - 1
+            pos = pos.to(DEV)
+            slots = make_slots(n, pt, num_pages, 26, invalid=(2,)).to(DEV)
+            pool = nanfull((num_pages * pt * layers * 2 * Hkv * D,))
+            qkv = qkv0.clone()
+            grid = (n, cdiv(Hq + 2 * Hkv, 8))
+            K.launch("qk_norm_rope", grid, (256,),
+                     [P(qkv), P(pool), P(qn), P(kn), P(bias), P(pos), P(slots), I32(n), I32(Hq), I32(Hkv), I32(D),
+                      I32(layer), I32(layers), I32(pt), F32(THETA), F32(EPS), I32(flags)])
+            # --- references: torch bf16 (transformers order of roundings) and fp64
+            x = qkv0.view(n, Hq + 2 * Hkv, D)
+            if flags & 2:
+                x = x + bias.view(Hq + 2 * Hkv, D)  # bf16 add
+            q, k, v = x[:, :Hq], x[:, Hq:Hq + Hkv], x[:, Hq + Hkv:]
+            q64, k64 = q.double(), k.double()
+            if flags & 1:
+                q, k = hf_rmsnorm(q, qn), hf_rmsnorm(k, kn)
+                q64, k64 = ref_rmsnorm(q64, qn), ref_rmsnorm(k64, kn)
+            cos, sin = hf_cos_sin(pos, D)
+            cos, sin = cos[:, None, :], sin[:, None, :]
+            qt = (q * cos) + (rotate_half(q) * sin)
+            kt = (k * cos) + (rotate_half(k) * sin)
+            c64, s64 = ref_cos_sin64(pos, D)
+            c64, s64 = c64[:, None, :], s64[:, None, :]
+            q64 = q64 * c64 + rotate_half(q64) * s64
+            k64 = k64 * c64 + rotate_half(k64) * s64
+            got = qkv.view(n, Hq + 2 * Hkv, D)
+            close(R, "qk_norm_rope(q)", shape, got[:, :Hq], q64, tbf=qt)
+            if not bits_equal(got[:, Hq:], qkv0.view(n, Hq + 2 * Hkv, D)[:, Hq:]):
+                R.add(kernel="qk_norm_rope(k,v in qkv)", shape=shape, status="FAIL", note="k/v columns of qkv were modified")
+            pv = pool_view(pool, layers, pt, Hkv, D)
+            valid = slots >= 0
+            s = slots[valid].long()
+            kgot = pv[:, layer, 0].reshape(-1, Hkv, D)[s]
+            vgot = pv[:, layer, 1].reshape(-1, Hkv, D)[s]
+            close(R, "qk_norm_rope(k->cache)", shape, kgot, k64[valid], tbf=kt[valid])
+            close(R, "qk_norm_rope(v->cache)", shape, vgot, v[valid].double(), exact=v[valid],
+                  note="v copied" + (" + bias" if flags & 2 else ""))
+            written = int((~torch.isnan(pool.double())).sum())
+            expect = int(valid.sum()) * 2 * Hkv * D
+            R.add(kernel="qk_norm_rope(pool)", shape=shape, status="PASS" if written == expect else "FAIL",
+                  note=f"{written} pool elements written, expected {expect} (slot -1 skipped)")
+        R.case("qk_norm_rope", shape, run)
+
+
+# ============================================================================ group: attention
+def build_attention_case(spec, Hq, Hkv, D, pt, layers, layer, pad_tokens, pad_seqs, seed):
+    """spec: list of (cached, new). Returns a dict with every buffer of the step ABI."""
+    S = len(spec)
+    ctxs = [c + n for c, n in spec]
+    pages_per = [cdiv(c, pt) for c in ctxs]
+    max_pages = max(pages_per) + 1
+    total_pages = sum(pages_per) + 3
+    perm = torch.randperm(total_pages, generator=gen(seed)).tolist()
+    Sb = S + pad_seqs
+    bt = torch.full((Sb, max_pages), -1, dtype=torch.int32)
+    it = iter(perm)
+    for i, np_ in enumerate(pages_per):
+        for j in range(np_):
+            bt[i, j] = next(it)
+    n_tok = sum(n for _, n in spec)
+    Tb = n_tok + pad_tokens
+    qs = [0]
+    for _, n in spec:
+        qs.append(qs[-1] + n)
+    qs += [qs[-1]] * pad_seqs
+    seq_lens = ctxs + [0] * pad_seqs
+    pool = nanfull((total_pages * pt * layers * 2 * Hkv * D,))
+    pv = pool_view(pool, layers, pt, Hkv, D)
+    kview, vview = pv[:, layer, 0], pv[:, layer, 1]
+    Ks, Vs = [], []
+    for i, c in enumerate(ctxs):
+        kk = randn((c, Hkv, D), seed * 100 + 2 * i + 1)
+        vv = randn((c, Hkv, D), seed * 100 + 2 * i + 2)
+        p = torch.arange(c)
+        pages = bt[i, (p // pt)].long().to(DEV)
+        offs = (p % pt).to(DEV)
+        kview[pages, offs] = kk
+        vview[pages, offs] = vv
+        Ks.append(kk)
+        Vs.append(vv)
+    qkv = randn((Tb, (Hq + 2 * Hkv) * D), seed * 100 + 99)
+    return dict(S=S, Sb=Sb, Tb=Tb, n_tok=n_tok, max_pages=max_pages, pool=pool, qkv=qkv,
+                bt=bt.to(DEV), qs=torch.tensor(qs, dtype=torch.int32, device=DEV),
+                seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEV), Ks=Ks, Vs=Vs, spec=spec)
+
+
+def attention_refs(c, Hq, Hkv, D, scale):
+    G = Hq // Hkv
+    ref = torch.zeros((c["n_tok"], Hq, D), dtype=torch.float64, device=DEV)
+    tbf = torch.zeros((c["n_tok"], Hq, D), dtype=BF, device=DEV)
+    q_all = c["qkv"][:, :Hq * D].reshape(c["Tb"], Hq, D)
+    t0 = 0
+    for i, (cached, n) in enumerate(c["spec"]):
+        ctx = cached + n
+        q = q_all[t0:t0 + n]                              # [n, Hq, D]
+        k = c["Ks"][i].repeat_interleave(G, dim=1)        # [ctx, Hq, D]
+        v = c["Vs"][i].repeat_interleave(G, dim=1)
+        mask = torch.arange(ctx, device=DEV)[None, :] <= (cached + torch.arange(n, device=DEV))[:, None]  # [n, ctx]
+        s = torch.einsum("nhd,chd->hnc", q.double(), k.double()) * scale
+        s = s.masked_fill(~mask[None], float("-inf"))
+        p = torch.softmax(s, dim=-1)
+        ref[t0:t0 + n] = torch.einsum("hnc,chd->nhd", p, v.double())
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+            attn_mask=mask[None, None], scale=scale)
+        tbf[t0:t0 + n] = o[0].transpose(0, 1)
+        t0 += n
+    return ref, tbf
+
+
+def g_attention(K, R, quick):
+    layers, layer = 2, 1
+    mixed = [(100, 37), (499, 1), (0, 300), (0, 1), (63, 1), (15, 17), (1000, 64), (31, 33)]
+    cases = [
+        # name, Hq, Hkv, D, page_tokens, spec, pad_tokens, pad_seqs
+        ("qwen3-0.6B heads, page 16", 16, 8, 128, 16, mixed, 5, 2),
+        ("qwen3-4B heads, page 64", 32, 8, 128, 64, mixed, 3, 1),
+        ("qwen2.5-0.5B heads (G=7, D=64), page 16", 14, 2, 64, 16, mixed, 4, 2),
+        ("G=1 D=128, page 64", 8, 8, 128, 64, [(0, 7), (200, 1), (64, 64)], 0, 0),
+        ("G=16 D=64, page 16", 16, 1, 64, 16, [(5, 3), (300, 1), (0, 40)], 1, 0),
+        ("decode batch 64, page 16", 32, 8, 128, 16,
+         [(int(c), 1) for c in torch.randint(0, 2000, (64,), generator=gen(77))], 0, 0),
+        ("one decode token, ctx 1", 16, 8, 128, 16, [(0, 1)], 7, 3),
+        ("long prefill chunk over cache, page 64", 32, 8, 128, 64, [(1500, 700), (0, 513)], 0, 0),
+    ]
+    if quick:
+        cases = [("quick mixed", 4, 2, 64, 4, [(5, 3), (9, 1), (0, 6)], 2, 1),
+                 ("quick G=1", 2, 2, 128, 8, [(0, 5), (10, 1)], 0, 0)]
+    for ci, (name, Hq, Hkv, D, pt, spec, pad_t, pad_s) in enumerate(cases):
+        shape = f"{name}: Hq={Hq} Hkv={Hkv} D={D} seqs={len(spec)}+{pad_s} tokens={sum(n for _, n in spec)}+{pad_t}"
+        kname = f"attention_d{D}"
+
+        def run(Hq=Hq, Hkv=Hkv, D=D, pt=pt, spec=spec, pad_t=pad_t, pad_s=pad_s, ci=ci, shape=shape, kname=kname):
+            c = build_attention_case(spec, Hq, Hkv, D, pt, layers, layer, pad_t, pad_s, seed=31 + ci)
+            G = Hq // Hkv
+            BQ = 32 // G
+            scale = D ** -0.5
+            out = nanfull((c["Tb"] + 1, Hq * D))  # + 1 guard row
+            grid = (cdiv(c["Tb"], BQ) + c["Sb"], Hkv)
+            K.launch(kname, grid, (128,),
+                     [P(out), P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]),
+                      I32(c["Tb"]), I32(c["max_pages"]), I32((Hq + 2 * Hkv) * D), I32(Hq), I32(Hkv), I32(layer),
+                      I32(layers), I32(pt), F32(scale)])
+            ref, tbf = attention_refs(c, Hq, Hkv, D, scale)
+            n = c["n_tok"]
+            close(R, kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf)
+            pad = out[n:c["Tb"]]
+            if pad.numel():
+                okp = bool((pad.double() == 0).all())
+                R.add(kernel=kname + "(padded rows)", shape=shape, status="PASS" if okp else "FAIL",
+                      note="padded token rows are zero" if okp else "padded token rows not zeroed")
+            guard_nan(R, kname, shape, out[c["Tb"]:], "row past num_tokens")
+        R.case(kname, shape, run)
+
+    # grid-stride robustness: a grid smaller than the work still covers every tile
+    def run_small_grid():
+        Hq, Hkv, D, pt = 8, 2, 128, 16
+        spec = [(40, 20), (0, 9), (7, 1)]
+        c = build_attention_case(spec, Hq, Hkv, D, pt, layers, layer, 0, 0, seed=90)
+        out = nanfull((c["Tb"], Hq * D))
+        K.launch("attention_d128", (1, Hkv), (128,),
+                 [P(out), P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]),
+                  I32(c["Tb"]), I32(c["max_pages"]), I32((Hq + 2 * Hkv) * D), I32(Hq), I32(Hkv), I32(layer),
+                  I32(layers), I32(pt), F32(D ** -0.5)])
+        ref, tbf = attention_refs(c, Hq, Hkv, D, D ** -0.5)
+        close(R, "attention_d128", "grid.x=1 (grid-stride loop)", out.view(-1, Hq, D), ref, tbf=tbf)
+    R.case("attention_d128", "grid.x=1", run_small_grid)
+
+
+# ============================================================================ group: argmax
+def argmax_ref(x):
+    a = x.detach().cpu().double().numpy()
+    outs = []
+    for row in a:
+        nanpos = np.flatnonzero(np.isnan(row))
+        outs.append(int(nanpos[0]) if len(nanpos) else int(np.argmax(row)))
+    return outs
+
+
+def g_argmax(K, R, quick):
+    for V in ([16, 1000, 151936, 151937] if not quick else [16, 1001]):
+        shape = f"seqs=6 V={V}"
+
+        def run(V=V, shape=shape):
+            S = 6
+            x = (torch.randn((S, V), generator=gen(41)) * 3).to(DEV)
+            x[1, 5] = 100.0
+            x[1, V - 1] = 100.0           # tie -> lowest index
+            x[2] = float("-inf")          # all -inf -> 0
+            x[3, min(9, V - 1)] = float("nan")
+            x[3, V - 1] = float("nan")    # NaN wins, first NaN
+            x[4] = 0.5                    # constant row -> 0
+            out = torch.full((S + 1,), -7, dtype=torch.int32, device=DEV)
+            K.launch("argmax", (S,), (512,), [P(out), P(x), I32(S), I32(V)])
+            want = argmax_ref(x)
+            got = out[:S].tolist()
+            ok = got == want and int(out[S]) == -7
+            R.add(kernel="argmax", shape=shape, status="PASS" if ok else "FAIL", err=0.0 if ok else None,
+                  note=f"got {got} want {want}" + ("" if int(out[S]) == -7 else " guard written"))
+        R.case("argmax", shape, run)
+
+
+# ============================================================================ group: sample
+def chi2_sf(x, df):
+    """P(chi2_df >= x) = Q(df/2, x/2), regularized upper incomplete gamma (Numerical Recipes)."""
+    a, xx = df / 2.0, x / 2.0
+    if xx <= 0:
+        return 1.0
+    lg = math.lgamma(a)
+    if xx < a + 1:
+        ap, s, d = a, 1.0 / a, 1.0 / a
+        for _ in range(10000):
+            ap += 1
+            d *= xx / ap
+            s += d
+            if abs(d) < abs(s) * 1e-15:
+                break
+        return max(0.0, 1.0 - s * math.exp(-xx + a * math.log(xx) - lg))
+    b = xx + 1 - a
+    c = 1e300
+    d = 1.0 / b
+    h = d
+    for i in range(1, 10000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = d if abs(d) > 1e-300 else 1e-300
+        c = b + an / c
+        c = c if abs(c) > 1e-300 else 1e-300
+        d = 1.0 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1) < 1e-15:
+            break
+    return math.exp(-xx + a * math.log(xx) - lg) * h
+
+
+def sample_sets(row, T, k, p, slack=1e-6):
+    """fp64 model of the sampling definition. Returns (probs over the final set, strict set, loose set)."""
+    x = (row.float().cpu() / np.float32(T)).double()   # fp32 division like the kernel, then fp64
+    V = x.numel()
+    keep = torch.ones(V, dtype=torch.bool)
+    if 0 < k < V:
+        kth = torch.sort(x, descending=True).values[k - 1]
+        keep &= x >= kth
+    w = torch.exp(x - x.max()) * keep
+    w = w / w.sum()
+    strict, loose = keep.clone(), keep.clone()
+    if 0 < p < 1:
+        order = torch.argsort(x, descending=True, stable=True)
+        xs = x[order]
+        ws = w[order]
+        # mass strictly above each token: cumulative mass of tokens with larger x
+        cum_excl = torch.cumsum(ws, 0) - ws
+        # ties: every token of a group of equal x gets the mass strictly above the group
+        first = torch.searchsorted(-xs, -xs, right=False)
+        above = torch.zeros(V, dtype=torch.float64)
+        above[order] = cum_excl[first]
+        strict = keep & (above < p - slack)
+        loose = keep & (above < p + slack)
+        keepp = keep & (above < p)
+        w = w * keepp
+        w = w / w.sum()
+    return w, strict, loose
+
+
+def g_sample(K, R, quick):
+    def launch(logits, T, k, p, seeds, pos):
+        S, V = logits.shape
+        out = torch.full((S + 1,), -7, dtype=torch.int32, device=DEV)
+        K.launch("sample", (S,), (512,),
+                 [P(out), P(logits), P(T), P(k), P(p), P(seeds), P(pos), I32(S), I32(V)])
+        assert int(out[S]) == -7, "guard element written"
+        return out[:S]
+
+    def vec(vals, dtype):
+        return torch.tensor(vals, dtype=dtype, device=DEV)
+
+    def full(S, v, dtype):
+        return torch.full((S,), v, dtype=dtype, device=DEV)
+
+    # ---- greedy (temperature 0) == argmax
+    def greedy():
+        S, V = 8, (151936 if not quick else 1000)
+        x = (torch.randn((S, V), generator=gen(51)) * 4).to(DEV)
+        got = launch(x, full(S, 0.0, torch.float32), full(S, 50, torch.int32), full(S, 0.9, torch.float32),
+                     torch.arange(S, dtype=torch.int64, device=DEV), full(S, 3, torch.int32)).tolist()
+        want = argmax_ref(x)
+        R.add(kernel="sample(greedy)", shape=f"seqs={S} V={V} T=0", status="PASS" if got == want else "FAIL",
+              err=0.0 if got == want else None, note=f"== argmax: {got == want}")
+    R.case("sample(greedy)", "", greedy)
+
+    # ---- determinism
+    def determinism():
+        S, V = 256, (151936 if not quick else 1000)
+        x = (torch.randn((S, V), generator=gen(52)) * 2).to(DEV)
+        T, k, p = full(S, 0.9, torch.float32), full(S, 40, torch.int32), full(S, 0.95, torch.float32)
+        seeds = (torch.arange(S, dtype=torch.int64, device=DEV) * 7919 + 11)
+        pos = full(S, 17, torch.int32)
+        a = launch(x, T, k, p, seeds, pos)
+        b = launch(x, T, k, p, seeds, pos)
+        c = launch(x, T, k, p, seeds, pos + 1)
+        ok = torch.equal(a, b)
+        ndiff = int((a != c).sum())
+        R.add(kernel="sample(determinism)", shape=f"seqs={S} V={V}", status="PASS" if ok and ndiff > 0 else "FAIL",
+              note=f"same (seed,pos) -> same ids: {ok}; position+1 changed {ndiff}/{S} draws")
+    R.case("sample(determinism)", "", determinism)
+
+    # ---- top-k / top-p respected (never a token outside the allowed set)
+    def respected(V, T, k, p, S, tag, seed):
+        row = (torch.randn((V,), generator=gen(seed)) * 2.5)
+        x = row[None, :].repeat(S, 1).to(DEV)
+        got = launch(x, full(S, T, torch.float32), full(S, k, torch.int32), full(S, p, torch.float32),
+                     torch.arange(S, dtype=torch.int64, device=DEV) + 1000 * seed, full(S, 5, torch.int32))
+        _, strict, loose = sample_sets(row, T, k, p)
+        g = got.cpu().long()
+        inrange = bool(((g >= 0) & (g < V)).all())
+        outside = int((~loose[g.clamp(0, V - 1)]).sum()) if inrange else S
+        distinct = len(set(g.tolist()))
+        ok = inrange and outside == 0 and (distinct > 1 or int(strict.sum()) <= 1)
+        R.add(kernel=f"sample({tag})", shape=f"V={V} T={T} k={k} p={p} draws={S}", status="PASS" if ok else "FAIL",
+              err=float(outside), note=f"{outside} draws outside the allowed set of {int(loose.sum())}; {distinct} distinct")
+    Vr = 1000 if quick else 50000
+    Sr = 512 if quick else 4096
+    for (T, k, p, tag) in [(1.0, 5, 1.0, "top-k"), (0.8, 0, 0.6, "top-p"), (1.2, 50, 0.8, "top-k+top-p"),
+                           (0.5, 1, 1.0, "top-k=1"), (2.0, 0, 0.05, "top-p tiny")]:
+        R.case(f"sample({tag})", "", lambda T=T, k=k, p=p, tag=tag: respected(Vr, T, k, p, Sr, tag, 60 + k))
+
+    # ---- chi-square goodness of fit
+    def chi2_case(row, T, k, p, S, tag, vary="seed"):
+        V = row.numel()
+        x = row[None, :].repeat(S, 1).to(DEV)
+        if vary == "seed":
+            seeds = torch.arange(S, dtype=torch.int64, device=DEV) + 12345
+            pos = full(S, 7, torch.int32)
+        else:  # one request, consecutive positions
+            seeds = full(S, 987654321987, torch.int64)
+            pos = torch.arange(S, dtype=torch.int32, device=DEV)
+        got = launch(x, full(S, T, torch.float32), full(S, k, torch.int32), full(S, p, torch.float32), seeds, pos)
+        w, _, _ = sample_sets(row, T, k, p, slack=0)
+        g = got.cpu().long()
+        if not bool(((g >= 0) & (g < V)).all()):
+            R.add(kernel=f"sample(chi2 {tag})", shape=f"V={V}", status="FAIL", note="id out of range")
+            return
+        counts = torch.bincount(g, minlength=V).double()
+        support = w > 0
+        outside = int(counts[~support].sum())
+        exp = w * S
+        # merge bins with expected count < 5 into one
+        small = support & (exp < 5)
+        obs_b = counts[support & ~small].tolist()
+        exp_b = exp[support & ~small].tolist()
+        if bool(small.any()):
+            obs_b.append(float(counts[small].sum()))
+            exp_b.append(float(exp[small].sum()))
+        chi2 = sum((o - e) ** 2 / e for o, e in zip(obs_b, exp_b) if e > 0)
+        df = max(1, len(obs_b) - 1)
+        pval = chi2_sf(chi2, df)
+        ok = outside == 0 and pval > 1e-3
+        R.add(kernel=f"sample(chi2 {tag})", shape=f"V={V} T={T} k={k} p={p} draws={S} vary={vary}",
+              status="PASS" if ok else "FAIL", err=float(outside),
+              note=f"chi2={chi2:.2f} df={df} p-value={pval:.4f}; {outside} draws outside support of {int(support.sum())}")
+
+    N = 2000 if quick else 20000
+    r16 = torch.randn((16,), generator=gen(70)) * 1.5
+    for (T, k, p, tag, vary) in [(1.0, 0, 1.0, "plain", "seed"), (0.7, 10, 0.9, "T+k+p", "seed"),
+                                 (1.3, 0, 0.7, "top-p", "seed"), (1.0, 6, 1.0, "top-k", "position"),
+                                 (0.9, 0, 1.0, "plain", "position")]:
+        R.case(f"sample(chi2 {tag})", "", lambda T=T, k=k, p=p, tag=tag, vary=vary: chi2_case(r16, T, k, p, N, tag, vary))
+
+    # large vocabulary: 16 likely tokens spread over the row (different warp segments), the rest ~0
+    def big_vocab():
+        V = 151936 if not quick else 4096
+        S = 2000 if not quick else 300
+        row = torch.full((V,), -40.0)
+        idx = torch.linspace(3, V - 2, 16).long()
+        row[idx] = torch.randn((16,), generator=gen(71)) * 1.2
+        chi2_case(row, 1.0, 0, 0.95, S, "V=151936 sparse" if not quick else "sparse")
+    R.case("sample(chi2 big vocab)", "", big_vocab)
+
+    # padded / garbage rows must not hang, fault, or return an out-of-range id
+    def garbage():
+        S, V = 6, 1000
+        x = (torch.randn((S, V), generator=gen(80))).to(DEV)
+        x[0] = float("nan")
+        x[1] = float("inf")
+        x[2] = float("-inf")
+        T = vec([1.0, 1.0, 1.0, float("nan"), -3.0, 1e-30], torch.float32)
+        k = vec([0, 5, -4, 7, 0, 2_000_000_000], torch.int32)
+        p = vec([0.5, float("nan"), 2.0, -1.0, 0.0, 1.0], torch.float32)
+        got = launch(x, T, k, p, torch.arange(S, dtype=torch.int64, device=DEV), full(S, 1, torch.int32)).tolist()
+        ok = all(0 <= g < V for g in got)
+        R.add(kernel="sample(garbage rows)", shape=f"seqs={S} V={V}", status="PASS" if ok else "FAIL",
+              note=f"ids {got} (NaN/inf logits, NaN/negative T, bad k/p)")
+    R.case("sample(garbage rows)", "", garbage)
+
+
+# ============================================================================ group: timing (info)
+def g_timing(K, R, quick):
+    if K.mock:
+        R.add(kernel="timing", shape="", status="INFO", note="skipped in mock mode")
+        return
+    layers, layer = 36, 10
+
+    def att(name, Hq, Hkv, spec, pt=16):
+        c = build_attention_case(spec, Hq, Hkv, 128, pt, layers, layer, 0, 0, seed=5)
+        out = nanfull((c["Tb"], Hq * 128))
+        G = Hq // Hkv
+        us = K.timed("attention_d128", (cdiv(c["Tb"], 32 // G) + c["Sb"], Hkv), (128,),
+                     [P(out), P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]),
+                      I32(c["Tb"]), I32(c["max_pages"]), I32((Hq + 2 * Hkv) * 128), I32(Hq), I32(Hkv), I32(layer),
+                      I32(layers), I32(pt), F32(128 ** -0.5)])
+        R.add(kernel="attention_d128", shape=name, status="INFO", note=f"{us:.1f} us")
+
+    R.case("timing", "attention", lambda: att("decode b=1 ctx=4096 (4B heads)", 32, 8, [(4095, 1)]))
+    R.case("timing", "attention", lambda: att("decode b=64 ctx=1024 (4B heads)", 32, 8, [(1023, 1)] * 64))
+    R.case("timing", "attention", lambda: att("prefill 2048 (4B heads)", 32, 8, [(0, 2048)]))
+
+    def norm(n, H):
+        x = randn((n, H), 1)
+        w = randn((H,), 2)
+        out = nanfull((n, H))
+        us = K.timed("rms_norm", (n,), (128,), [P(out), P(x), P(w), I32(n), I32(H), F32(EPS)])
+        R.add(kernel="rms_norm", shape=f"n={n} H={H}", status="INFO", note=f"{us:.1f} us")
+    R.case("timing", "rms_norm", lambda: norm(1, 2560))
+    R.case("timing", "rms_norm", lambda: norm(2048, 2560))
+
+    def rope(n):
+        Hq, Hkv, D, pt = 32, 8, 128, 16
+        qkv = randn((n, (Hq + 2 * Hkv) * D), 3)
+        pool = nanfull((cdiv(n, pt) * pt * layers * 2 * Hkv * D,))
+        w = randn((D,), 4)
+        pos = torch.arange(n, dtype=torch.int32, device=DEV)
+        us = K.timed("qk_norm_rope", (n, cdiv(Hq + 2 * Hkv, 8)), (256,),
+                     [P(qkv), P(pool), P(w), P(w), P(w), P(pos), P(pos), I32(n), I32(Hq), I32(Hkv), I32(D),
+                      I32(layer), I32(layers), I32(pt), F32(THETA), F32(EPS), I32(1)])
+        R.add(kernel="qk_norm_rope", shape=f"n={n} (4B heads)", status="INFO", note=f"{us:.1f} us")
+    R.case("timing", "qk_norm_rope", lambda: rope(1))
+    R.case("timing", "qk_norm_rope", lambda: rope(2048))
+
+    def samp(S, T, k, p):
+        V = 151936
+        x = (torch.randn((S, V), generator=gen(9)) * 3).to(DEV)
+        out = torch.zeros((S,), dtype=torch.int32, device=DEV)
+        f = lambda v, dt: torch.full((S,), v, dtype=dt, device=DEV)
+        us = K.timed("sample", (S,), (512,), [P(out), P(x), P(f(T, torch.float32)), P(f(k, torch.int32)),
+                                               P(f(p, torch.float32)), P(torch.arange(S, dtype=torch.int64, device=DEV)),
+                                               P(f(1, torch.int32)), I32(S), I32(V)], iters=10)
+        R.add(kernel="sample", shape=f"seqs={S} V={V} T={T} k={k} p={p}", status="INFO", note=f"{us:.1f} us")
+    R.case("timing", "sample", lambda: samp(1, 0.0, 0, 1.0))
+    R.case("timing", "sample", lambda: samp(1, 0.8, 0, 1.0))
+    R.case("timing", "sample", lambda: samp(1, 0.8, 50, 0.9))
+    R.case("timing", "sample", lambda: samp(1, 0.8, 0, 0.9))
+    R.case("timing", "sample", lambda: samp(64, 0.8, 50, 0.9))
+
+
+GROUP_FNS = {"rowwise": g_rowwise, "kv_write": g_kv_write, "qk_norm_rope": g_qk_norm_rope,
+             "attention": g_attention, "argmax": g_argmax, "sample": g_sample, "timing": g_timing}
+
+
+# ============================================================================ mock kernels (CPU self-test)
+def _flat(t):
+    return t.view(-1)
+
+
+def _m_embedding(grid, block, out, table, ids, n, H, V):
+    o = _flat(out)
+    for t in range(n):
+        i = int(ids[t])
+        o[t * H:(t + 1) * H] = table.view(-1)[i * H:(i + 1) * H] if 0 <= i < V else 0
+
+
+def _m_rms(out, x, w, H, eps):
+    h = x.float()
+    r = torch.rsqrt(h.pow(2).sum() * (1.0 / H) + eps)
+    out.copy_((w.float() * (h * r).to(BF).float()).to(BF))
+
+
+def _m_rms_norm(grid, block, out, x, w, n, H, eps):
+    for t in range(n):
+        _m_rms(_flat(out)[t * H:(t + 1) * H], _flat(x)[t * H:(t + 1) * H], w, H, eps)
+
+
+def _m_add_rms_norm(grid, block, out, res, x, w, n, H, eps):
+    for t in range(n):
+        r = _flat(res)[t * H:(t + 1) * H]
+        r.copy_((r.float() + _flat(x)[t * H:(t + 1) * H].float()).to(BF))
+        _m_rms(_flat(out)[t * H:(t + 1) * H], r, w, H, eps)
+
+
+def _m_swiglu(grid, block, out, gu, n, I):
+    for t in range(n):
+        g = _flat(gu)[t * 2 * I:t * 2 * I + I].float()
+        u = _flat(gu)[t * 2 * I + I:(t + 1) * 2 * I].float()
+        s = (g / (1 + torch.exp(-g))).to(BF).float()
+        _flat(out)[t * I:(t + 1) * I] = (s * u).to(BF)
+
+
+def _m_gather_last(grid, block, out, x, last, S, T, H):
+    for s in range(S):
+        i = int(last[s])
+        _flat(out)[s * H:(s + 1) * H] = _flat(x)[i * H:(i + 1) * H] if 0 <= i < T else 0
+
+
+def _m_kv_off(page, off, layer, kv, L, pt, Hkv, D):
+    row = Hkv * D
+    return page * pt * L * 2 * row + ((layer * 2 + kv) * pt + off) * row
+
+
+def _m_kv_write(grid, block, pool, qkv, slots, n, Hq, Hkv, D, layer, L, pt):
+    W = (Hq + 2 * Hkv) * D
+    for t in range(n):
+        s = int(slots[t])
+        if s < 0:
+            continue
+        src = _flat(qkv)[t * W + Hq * D:(t + 1) * W]
+        for kv in range(2):
+            o = _m_kv_off(s // pt, s % pt, layer, kv, L, pt, Hkv, D)
+            _flat(pool)[o:o + Hkv * D] = src[kv * Hkv * D:(kv + 1) * Hkv * D]
+
+
+def _m_qk_norm_rope(grid, block, qkv, pool, qn, kn, bias, pos, slots, n, Hq, Hkv, D, layer, L, pt, theta, eps, flags):
+    W = (Hq + 2 * Hkv) * D
+    half = D // 2
+    i = torch.arange(half)
+    e = (2 * i).float() / D
+    inv = 1.0 / torch.pow(torch.tensor(theta, dtype=torch.float64), e.double()).float()
+    for t in range(n):
+        x = _flat(qkv)[t * W:(t + 1) * W].view(Hq + 2 * Hkv, D)
+        xf = x.float()
+        if flags & 2:
+            xf = (xf + bias.view(Hq + 2 * Hkv, D).float()).to(BF).float()
+        fr = float(pos[t]) * inv
+        cs = torch.cos(fr).to(BF).float()
+        sn = torch.sin(fr).to(BF).float()
+        cs = torch.cat((cs, cs))
+        sn = torch.cat((sn, sn))
+        y = xf.clone()
+        qk = xf[:Hq + Hkv]
+        if flags & 1:
+            r = torch.rsqrt(qk.pow(2).sum(-1, keepdim=True) * (1.0 / D) + eps)
+            wts = torch.cat((qn.float()[None].expand(Hq, D), kn.float()[None].expand(Hkv, D)))
+            qk = (wts * (qk * r).to(BF).float()).to(BF).float()
+        rot = torch.cat((-qk[:, half:], qk[:, :half]), dim=-1)
+        y[:Hq + Hkv] = ((qk * cs).to(BF).float() + (rot * sn).to(BF).float()).to(BF).float()
+        x[:Hq] = y[:Hq].to(BF)
+        s = int(slots[t])
+        if s >= 0:
+            for kv in range(2):
+                o = _m_kv_off(s // pt, s % pt, layer, kv, L, pt, Hkv, D)
+                _flat(pool)[o:o + Hkv * D] = y[Hq + kv * Hkv:Hq + (kv + 1) * Hkv].reshape(-1).to(BF)
+
+
+def _m_attention(grid, block, out, q, pool, bt, seq_lens, qs, S, T, max_pages, q_stride, Hq, Hkv, layer, L, pt, scale, D):
+    G = Hq // Hkv
+    for s in range(S):
+        q0, q1, ctx = int(qs[s]), int(qs[s + 1]), int(seq_lens[s])
+        n = q1 - q0
+        if n <= 0:
+            continue
+        ks, vs = [], []
+        for j in range(ctx):
+            page = int(bt.view(-1)[s * max_pages + j // pt])
+            ko = _m_kv_off(page, j % pt, layer, 0, L, pt, Hkv, D)
+            vo = _m_kv_off(page, j % pt, layer, 1, L, pt, Hkv, D)
+            ks.append(_flat(pool)[ko:ko + Hkv * D].view(Hkv, D).float())
+            vs.append(_flat(pool)[vo:vo + Hkv * D].view(Hkv, D).float())
+        k = torch.stack(ks).repeat_interleave(G, dim=1)
+        v = torch.stack(vs).repeat_interleave(G, dim=1)
+        for i in range(n):
+            t = q0 + i
+            qq = _flat(q)[t * q_stride:t * q_stride + Hq * D].view(Hq, D).float()
+            lim = ctx - n + i + 1
+            sc = torch.einsum("hd,chd->hc", qq, k[:lim]) * scale
+            p = torch.softmax(sc, -1)
+            _flat(out)[t * Hq * D:(t + 1) * Hq * D] = torch.einsum("hc,chd->hd", p, v[:lim]).reshape(-1).to(BF)
+    qend = int(qs[S])
+    for t in range(qend, T):
+        _flat(out)[t * Hq * D:(t + 1) * Hq * D] = 0
+
+
+def _m_argmax(grid, block, out, x, S, V):
+    for s, a in enumerate(argmax_ref(x.view(-1)[:S * V].view(S, V))):
+        out[s] = a
+
+
+_SAMPLE_CACHE = {}
+
+
+def _m_sample(grid, block, out, x, T, k, p, seeds, pos, S, V):
+    xs = x.view(-1)[:S * V].view(S, V)
+    am = argmax_ref(xs)
+    for s in range(S):
+        t = float(T[s])
+        if not (t >= 1e-5):
+            out[s] = am[s]
+            continue
+        if not bool(torch.isfinite(xs[s]).all()):
+            out[s] = am[s]
+            continue
+        kk, pp = int(k[s]), float(p[s])
+        pp = pp if 0 < pp < 1 else 1.0
+        key = (t, kk, pp, hash(xs[s].numpy().tobytes()))
+        if key not in _SAMPLE_CACHE:
+            _SAMPLE_CACHE[key] = sample_sets(xs[s], t, kk, pp, slack=0)[0]
+        w = _SAMPLE_CACHE[key]
+        if not bool(torch.isfinite(w).all()) or float(w.sum()) <= 0:
+            out[s] = am[s]
+            continue
+        g = torch.Generator().manual_seed((int(seeds[s]) * 1000003 + int(pos[s])) % (2 ** 63))
+        out[s] = int(torch.multinomial(w.float(), 1, generator=g))
+
+
+MOCKS = {
+    "embedding": _m_embedding, "rms_norm": _m_rms_norm, "add_rms_norm": _m_add_rms_norm, "swiglu": _m_swiglu,
+    "gather_last": _m_gather_last, "kv_write": _m_kv_write, "qk_norm_rope": _m_qk_norm_rope,
+    "attention_d128": lambda *a: _m_attention(*a, D=128), "attention_d64": lambda *a: _m_attention(*a, D=64),
+    "argmax": _m_argmax, "sample": _m_sample,
+}
+
+
+# ============================================================================ child main
+def main_child(opts):
+    global torch, np, DEV, BF
+    import numpy
+    import torch as _torch
+    torch, np = _torch, numpy
+    BF = torch.bfloat16
+    R = Results(opts["json"])
+    group = opts["child"]
+    try:
+        if opts["mock"]:
+            DEV = "cpu"
+            torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+        else:
+            DEV = "cuda"
+            import cupy
+            assert torch.cuda.is_available(), "torch sees no GPU"
+            name = torch.cuda.get_device_name(0)
+            print(f"  torch {torch.__version__}, cupy {cupy.__version__}, numpy {np.__version__}, GPU {name}", flush=True)
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        K = Kernels(opts["dir"], opts["mock"])
+        GROUP_FNS[group](K, R, opts["quick"])
+    except Exception as e:
+        traceback.print_exc()
+        R.add(kernel=group, shape="(setup)", status="FAIL", note=f"{type(e).__name__}: {e}"[:200])
+    if opts["json"]:
+        with open(opts["json"], "w") as fh:
+            json.dump(R.rows, fh)
+    return 0
+
+
+if __name__ == "__main__":
+    o = parse_args(sys.argv[1:])
+    if o["child"]:
+        sys.exit(main_child(o))
+    sys.exit(main_parent(o))
