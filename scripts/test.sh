@@ -17,6 +17,8 @@ if [[ ! -d "$KERN_CUDA_VENV" ]]; then
 fi
 echo "== building fixtures"
 bash scripts/build-fixtures.sh
+echo "== building the Qwen pack's kernels"
+bash packs/qwen3/build.sh
 echo "== cargo test"
 cargo test --workspace --locked
 echo "== GPU suite: SKIPPED here (needs an NVIDIA GPU: see README, 'GPU tests')"

@@ -172,9 +172,27 @@ pub fn json_schema() -> String {
     let schema = schemars::schema_for!(raw::RawManifest);
     let mut value = serde_json::to_value(&schema).expect("a JSON Schema serializes");
     drop_null(&mut value);
+    sort_keys(&mut value);
     let mut s = serde_json::to_string_pretty(&value).expect("a JSON value serializes");
     s.push('\n');
     s
+}
+
+/// Sorts object keys, so the schema text does not depend on whether some crate in the build
+/// enabled serde_json's `preserve_order`.
+fn sort_keys(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            let mut entries: Vec<(String, serde_json::Value)> = std::mem::take(m).into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            for (k, mut x) in entries {
+                sort_keys(&mut x);
+                m.insert(k, x);
+            }
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(sort_keys),
+        _ => {}
+    }
 }
 
 /// Optional fields come out of the derive as "T or null"; a manifest leaves them out instead

@@ -5,6 +5,7 @@ mod check;
 mod dump;
 mod extract;
 mod inspect;
+mod pack;
 mod plan;
 mod run;
 mod selftest;
@@ -32,6 +33,8 @@ enum Command {
     Run(run::Args),
     Selftest(selftest::Args),
     Dump(dump::Args),
+    Pack(pack::Args),
+    RandomWeights(pack::RandomArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +58,8 @@ fn main() -> ExitCode {
         Command::Run(a) => run::run(a),
         Command::Selftest(a) => selftest::run(a),
         Command::Dump(a) => dump::run(a),
+        Command::Pack(a) => pack::run(a),
+        Command::RandomWeights(a) => pack::random(a),
     };
     match result {
         Ok(code) => code,

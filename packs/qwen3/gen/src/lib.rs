@@ -1,0 +1,33 @@
+//! The Qwen model pack: everything kern needs to run Qwen3 dense models (and Qwen2 / Qwen2.5,
+//! which add QKV biases and drop the q/k norms), kept out of the engine.
+//!
+//! * [`config`]: the Hugging Face `config.json` fields the pack reads, and presets with real
+//!   shapes (for random weights);
+//! * [`manifest`]: `kern pack` — a manifest (schema 4.1, step ABI 1) wiring the pack's kernels
+//!   (`packs/qwen3/kernels`, built by `packs/qwen3/build.sh`) into a decoder;
+//! * [`random`]: seeded random weights in the Hugging Face safetensors layout plus a
+//!   `config.json` that transformers loads unchanged.
+
+pub mod config;
+pub mod manifest;
+pub mod random;
+
+pub use config::{Config, PRESETS};
+pub use manifest::{generate, PackOptions};
+
+/// The `model_type` values this pack serves.
+pub const MODEL_TYPES: &[&str] = &["qwen3", "qwen2"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    #[error("{0}")]
+    Config(String),
+    #[error("{file}: {cause}")]
+    Io { file: String, cause: std::io::Error },
+}
+
+pub type Result<T, E = PackError> = std::result::Result<T, E>;
+
+pub(crate) fn io(file: &std::path::Path) -> impl FnOnce(std::io::Error) -> PackError + '_ {
+    move |cause| PackError::Io { file: file.display().to_string(), cause }
+}

@@ -1,0 +1,302 @@
+//! `kern pack`: a manifest for a Qwen3 / Qwen2 config, wiring the pack's kernels into the
+//! decoder of transformers' `Qwen3Model` / `Qwen2Model`, one step of the step ABI per program
+//! run (a varlen batch mixing prefill chunks and decode tokens). See `packs/qwen3/KERNELS.md`
+//! for each kernel's contract and the chain this follows.
+
+use crate::config::Config;
+use crate::{io, PackError, Result};
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+/// Modules (cubins) the manifest uses, by file stem in the kernel directory.
+pub const MODULES: &[&str] = &["rowwise", "rope", "attention", "sampling", "gemm_bf16"];
+
+#[derive(Clone, Debug)]
+pub struct PackOptions {
+    /// Directory with the pack's built cubins (`packs/qwen3/build.sh` → build/packs/qwen3).
+    pub kernels: PathBuf,
+    /// Largest number of new tokens in one step (the `tokens` var): the prefill chunk.
+    pub max_tokens: u64,
+    /// Largest batch (the `seqs` var).
+    pub max_seqs: u64,
+    /// Longest context a sequence may reach (prompt + generated).
+    pub max_context: u64,
+    /// Tokens per KV page.
+    pub page_tokens: u64,
+}
+
+impl Default for PackOptions {
+    fn default() -> Self {
+        PackOptions { kernels: PathBuf::from("build/packs/qwen3"), max_tokens: 512, max_seqs: 64, max_context: 4096, page_tokens: 16 }
+    }
+}
+
+/// Writes `out/model.json` and copies the cubins it references into `out`.
+pub fn generate(cfg: &Config, opts: &PackOptions, out: &Path) -> Result<PathBuf> {
+    cfg.validate().map_err(PackError::Config)?;
+    if opts.max_tokens == 0 || opts.max_seqs == 0 || opts.max_context == 0 || opts.page_tokens == 0 {
+        return Err(PackError::Config("max tokens, seqs, context and page tokens must all be positive".into()));
+    }
+    std::fs::create_dir_all(out).map_err(io(out))?;
+    let mut modules = Map::new();
+    for m in MODULES {
+        let src = opts.kernels.join(format!("{m}.sm_90a.cubin"));
+        let bytes = std::fs::read(&src).map_err(|e| {
+            PackError::Config(format!("{}: {e}: build the pack's kernels first (bash packs/qwen3/build.sh) or pass --kernels DIR", src.display()))
+        })?;
+        let file = format!("{m}.sm_90a.cubin");
+        let dst = out.join(&file);
+        std::fs::write(&dst, &bytes).map_err(io(&dst))?;
+        let sha: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+        modules.insert(m.to_string(), json!({"source": file, "sha256": sha}));
+    }
+    let m = build(cfg, opts, Value::Object(modules));
+    let path = out.join("model.json");
+    let text = serde_json::to_string_pretty(&m).map_err(|e| PackError::Config(e.to_string()))?;
+    std::fs::write(&path, text + "\n").map_err(io(&path))?;
+    Ok(path)
+}
+
+/// Model dimensions as the manifest writes them.
+struct Dims {
+    h: u64,
+    i: u64,
+    layers: u64,
+    hq: u64,
+    hkv: u64,
+    d: u64,
+    v: u64,
+    qkv: u64,
+}
+
+fn bf16(shape: Value) -> Value {
+    json!({"dtype": "bf16", "shape": shape})
+}
+
+fn weight(shape: Value, from: Value) -> Value {
+    json!({"dtype": "bf16", "shape": shape, "role": "weight", "from": from})
+}
+
+fn input(dtype: &str, shape: Value) -> Value {
+    json!({"dtype": dtype, "shape": shape, "role": "input"})
+}
+
+/// One launch of a GEMM `y[M, N] = x[M, K] · W[N, K]ᵀ (+ bias)` with M = the var `m`.
+fn gemm_launch(n: u64, k: u64, m: &str, f32_out: bool) -> Value {
+    let entry = if f32_out { "gemm_bf16_f32out" } else { "gemm_bf16" };
+    json!({
+        "module": "gemm_bf16", "entry": entry,
+        "params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", if f32_out { "out buffer<f32>" } else { "out buffer<bf16>" }, "i32", "i32", "i32"],
+        "block": [256], "grid": [format!("ceil({m}/128)"), format!("ceil({n}/128)")], "shared": 98304,
+        "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"i32": n}, {"i32": k}]
+    })
+}
+
+fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
+    let d = Dims {
+        h: cfg.hidden_size,
+        i: cfg.intermediate_size,
+        layers: cfg.num_hidden_layers,
+        hq: cfg.num_attention_heads,
+        hkv: cfg.kv_heads(),
+        d: cfg.head_dim(),
+        v: cfg.vocab_size,
+        qkv: (cfg.num_attention_heads + 2 * cfg.kv_heads()) * cfg.head_dim(),
+    };
+    let pages = opts.max_context.div_ceil(opts.page_tokens);
+    let eps = cfg.rms_norm_eps;
+    let bias = cfg.qkv_bias();
+    let qk_norm = cfg.qk_norm();
+
+    // ---- buffers: step inputs, activations, weights, outputs
+    let mut b = Map::new();
+    for (name, dtype, shape) in [
+        ("token_ids", "i32", json!(["tokens"])),
+        ("positions", "i32", json!(["tokens"])),
+        ("seq_lens", "i32", json!(["seqs"])),
+        ("query_start", "i32", json!(["seqs+1"])),
+        ("slot_mapping", "i32", json!(["tokens"])),
+        ("block_tables", "i32", json!(["seqs", "pages"])),
+        ("last_token", "i32", json!(["seqs"])),
+        ("temperature", "f32", json!(["seqs"])),
+        ("top_k", "i32", json!(["seqs"])),
+        ("top_p", "f32", json!(["seqs"])),
+        ("seeds", "u64", json!(["seqs"])),
+    ] {
+        b.insert(name.into(), input(dtype, shape));
+    }
+    b.insert("x".into(), bf16(json!(["tokens", d.h])));
+    b.insert("h".into(), bf16(json!(["tokens", d.h])));
+    b.insert("qkv".into(), bf16(json!(["tokens", d.qkv])));
+    b.insert("attn".into(), bf16(json!(["tokens", d.hq * d.d])));
+    b.insert("o".into(), bf16(json!(["tokens", d.h])));
+    b.insert("gate_up".into(), bf16(json!(["tokens", 2 * d.i])));
+    b.insert("act".into(), bf16(json!(["tokens", d.i])));
+    b.insert("mlp".into(), bf16(json!(["tokens", d.h])));
+    b.insert("x_last".into(), bf16(json!(["seqs", d.h])));
+    b.insert("mlp_last".into(), bf16(json!(["seqs", d.h])));
+    b.insert("h_last".into(), bf16(json!(["seqs", d.h])));
+    b.insert("logits".into(), json!({"dtype": "f32", "shape": ["seqs", d.v], "role": "output"}));
+    b.insert("sampled".into(), json!({"dtype": "i32", "shape": ["seqs"], "role": "output"}));
+
+    b.insert("model.embed_tokens.weight".into(), weight(json!([d.v, d.h]), json!({"tensor": "model.embed_tokens.weight"})));
+    for l in 0..d.layers {
+        let p = format!("model.layers.{l}");
+        b.insert(format!("{p}.input_layernorm.weight"), weight(json!([d.h]), json!({"tensor": format!("{p}.input_layernorm.weight")})));
+        b.insert(
+            format!("{p}.self_attn.qkv_proj.weight"),
+            weight(
+                json!([d.qkv, d.h]),
+                json!({"concat": [format!("{p}.self_attn.q_proj.weight"), format!("{p}.self_attn.k_proj.weight"), format!("{p}.self_attn.v_proj.weight")],
+                       "axis": 0, "sizes": [d.hq * d.d, d.hkv * d.d, d.hkv * d.d]}),
+            ),
+        );
+        if bias {
+            b.insert(
+                format!("{p}.self_attn.qkv_proj.bias"),
+                weight(
+                    json!([d.qkv]),
+                    json!({"concat": [format!("{p}.self_attn.q_proj.bias"), format!("{p}.self_attn.k_proj.bias"), format!("{p}.self_attn.v_proj.bias")],
+                           "axis": 0, "sizes": [d.hq * d.d, d.hkv * d.d, d.hkv * d.d]}),
+                ),
+            );
+        }
+        if qk_norm {
+            b.insert(format!("{p}.self_attn.q_norm.weight"), weight(json!([d.d]), json!({"tensor": format!("{p}.self_attn.q_norm.weight")})));
+            b.insert(format!("{p}.self_attn.k_norm.weight"), weight(json!([d.d]), json!({"tensor": format!("{p}.self_attn.k_norm.weight")})));
+        }
+        b.insert(format!("{p}.self_attn.o_proj.weight"), weight(json!([d.h, d.hq * d.d]), json!({"tensor": format!("{p}.self_attn.o_proj.weight")})));
+        b.insert(format!("{p}.post_attention_layernorm.weight"), weight(json!([d.h]), json!({"tensor": format!("{p}.post_attention_layernorm.weight")})));
+        b.insert(
+            format!("{p}.mlp.gate_up_proj.weight"),
+            weight(json!([2 * d.i, d.h]), json!({"concat": [format!("{p}.mlp.gate_proj.weight"), format!("{p}.mlp.up_proj.weight")], "axis": 0, "sizes": [d.i, d.i]})),
+        );
+        b.insert(format!("{p}.mlp.down_proj.weight"), weight(json!([d.h, d.i]), json!({"tensor": format!("{p}.mlp.down_proj.weight")})));
+    }
+    b.insert("model.norm.weight".into(), weight(json!([d.h]), json!({"tensor": "model.norm.weight"})));
+    let lm_head = if cfg.tie_word_embeddings { json!({"alias": "model.embed_tokens.weight"}) } else { json!({"tensor": "lm_head.weight"}) };
+    b.insert("lm_head.weight".into(), weight(json!([d.v, d.h]), lm_head));
+
+    // ---- ops
+    let bq = 32 / (d.hq / d.hkv);
+    let attn_entry = format!("attention_d{}", d.d);
+    let rope_flags = i64::from(qk_norm) | (i64::from(bias) << 1);
+    let ops = json!({
+        "embedding": {"params": ["out buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "i32"], "impl": {"launches": [{
+            "module": "rowwise", "entry": "embedding",
+            "params": ["out buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "i32", "i32", "i32"],
+            "block": [128], "grid": ["tokens"],
+            "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"i32": d.h}, {"i32": d.v}]}]}},
+        "rms_norm": {"params": ["out buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "i32"], "impl": {"launches": [{
+            "module": "rowwise", "entry": "rms_norm",
+            "params": ["out buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "i32", "i32", "f32"],
+            "block": [128], "grid": ["tokens"],
+            "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"i32": d.h}, {"f32": eps}]}]}},
+        "add_rms_norm": add_rms_norm("tokens", d.h, eps),
+        "add_rms_norm_last": add_rms_norm("seqs", d.h, eps),
+        "qkv_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": [gemm_launch(d.qkv, d.h, "tokens", false)]}},
+        "o_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": [gemm_launch(d.h, d.hq * d.d, "tokens", false)]}},
+        "gate_up_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": [gemm_launch(2 * d.i, d.h, "tokens", false)]}},
+        "down_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": [gemm_launch(d.h, d.i, "tokens", false)]}},
+        "lm_head": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<f32>", "i32"], "impl": {"launches": [gemm_launch(d.v, d.h, "seqs", true)]}},
+        "qk_norm_rope": {
+            "params": ["inout buffer<bf16>", "state", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "in buffer<i32>", "i32", "i32"],
+            "impl": {"launches": [{
+                "module": "rope", "entry": "qk_norm_rope",
+                "params": ["inout buffer<bf16>", "ptr", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "in buffer<i32>",
+                           "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32", "f32", "i32"],
+                "block": [256], "grid": ["tokens", d.qkv / d.d / 8 + u64::from((d.qkv / d.d) % 8 != 0)],
+                "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5}, {"param": 6},
+                         {"param": 7}, {"i32": d.hq}, {"i32": d.hkv}, {"i32": d.d}, {"param": 8}, {"i32": d.layers},
+                         {"i32": opts.page_tokens}, {"f32": cfg.rope_theta}, {"f32": eps}, {"i32": rope_flags}]}]}},
+        "attention": {
+            "params": ["out buffer<bf16>", "in buffer<bf16>", "state", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>", "i32", "i32", "i32", "i32"],
+            "impl": {"launches": [{
+                "module": "attention", "entry": attn_entry,
+                "params": ["out buffer<bf16>", "in buffer<bf16>", "ptr", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>",
+                           "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32"],
+                "block": [128], "grid": [format!("ceil(tokens/{bq})+seqs"), d.hkv],
+                "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5},
+                         {"param": 6}, {"param": 7}, {"param": 8}, {"i32": d.qkv}, {"i32": d.hq}, {"i32": d.hkv}, {"param": 9},
+                         {"i32": d.layers}, {"i32": opts.page_tokens}, {"f32": 1.0 / (d.d as f64).sqrt()}]}]}},
+        "swiglu": {"params": ["out buffer<bf16>", "in buffer<bf16>", "i32"], "impl": {"launches": [{
+            "module": "rowwise", "entry": "swiglu", "params": ["out buffer<bf16>", "in buffer<bf16>", "i32", "i32"],
+            "block": [256], "grid": ["tokens"], "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"i32": d.i}]}]}},
+        "gather_last": {"params": ["out buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "i32", "i32"], "impl": {"launches": [{
+            "module": "rowwise", "entry": "gather_last",
+            "params": ["out buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "i32", "i32", "i32"],
+            "block": [128], "grid": ["seqs"], "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"i32": d.h}]}]}},
+        "sample": {"params": ["out buffer<i32>", "in buffer<f32>", "in buffer<f32>", "in buffer<i32>", "in buffer<f32>", "in buffer<u64>", "in buffer<i32>", "i32"],
+            "impl": {"launches": [{
+                "module": "sampling", "entry": "sample",
+                "params": ["out buffer<i32>", "in buffer<f32>", "in buffer<f32>", "in buffer<i32>", "in buffer<f32>", "in buffer<u64>", "in buffer<i32>", "i32", "i32"],
+                "block": [512], "grid": ["seqs"],
+                "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5}, {"param": 6}, {"param": 7}, {"i32": d.v}]}]}}
+    });
+
+    // ---- the program: one step
+    let buf = |n: &str| json!({"buf": n});
+    let var = |n: &str| json!({"var": n});
+    let mut calls = vec![json!({"label": "embed", "op": "embedding", "args": [buf("x"), buf("model.embed_tokens.weight"), buf("token_ids"), var("tokens")]})];
+    calls.push(json!({"label": "l0.input_norm", "op": "rms_norm", "args": [buf("h"), buf("x"), buf("model.layers.0.input_layernorm.weight"), var("tokens")]}));
+    for l in 0..d.layers {
+        let p = format!("model.layers.{l}");
+        let bias_buf = if bias { buf(&format!("{p}.self_attn.qkv_proj.bias")) } else { json!({"null": true}) };
+        calls.push(json!({"label": format!("l{l}.qkv_proj"), "op": "qkv_proj", "args": [buf("h"), buf(&format!("{p}.self_attn.qkv_proj.weight")), bias_buf, buf("qkv"), var("tokens")]}));
+        // Unused norm / bias pointers are never read by the kernel (flags); bind a weight.
+        let qn = if qk_norm { format!("{p}.self_attn.q_norm.weight") } else { format!("{p}.input_layernorm.weight") };
+        let kn = if qk_norm { format!("{p}.self_attn.k_norm.weight") } else { format!("{p}.input_layernorm.weight") };
+        let rb = if bias { format!("{p}.self_attn.qkv_proj.bias") } else { format!("{p}.input_layernorm.weight") };
+        calls.push(json!({"label": format!("l{l}.qk_norm_rope"), "op": "qk_norm_rope",
+            "args": [buf("qkv"), {"state": "kv"}, buf(&qn), buf(&kn), buf(&rb), buf("positions"), buf("slot_mapping"), var("tokens"), {"i32": l}]}));
+        calls.push(json!({"label": format!("l{l}.attention"), "op": "attention",
+            "args": [buf("attn"), buf("qkv"), {"state": "kv"}, buf("block_tables"), buf("seq_lens"), buf("query_start"), var("seqs"), var("tokens"), var("pages"), {"i32": l}]}));
+        calls.push(json!({"label": format!("l{l}.o_proj"), "op": "o_proj", "args": [buf("attn"), buf(&format!("{p}.self_attn.o_proj.weight")), {"null": true}, buf("o"), var("tokens")]}));
+        calls.push(json!({"label": format!("l{l}.post_attention_norm"), "op": "add_rms_norm", "args": [buf("h"), buf("x"), buf("o"), buf(&format!("{p}.post_attention_layernorm.weight")), var("tokens")]}));
+        calls.push(json!({"label": format!("l{l}.gate_up_proj"), "op": "gate_up_proj", "args": [buf("h"), buf(&format!("{p}.mlp.gate_up_proj.weight")), {"null": true}, buf("gate_up"), var("tokens")]}));
+        calls.push(json!({"label": format!("l{l}.swiglu"), "op": "swiglu", "args": [buf("act"), buf("gate_up"), var("tokens")]}));
+        calls.push(json!({"label": format!("l{l}.down_proj"), "op": "down_proj", "args": [buf("act"), buf(&format!("{p}.mlp.down_proj.weight")), {"null": true}, buf("mlp"), var("tokens")]}));
+        if l + 1 < d.layers {
+            calls.push(json!({"label": format!("l{}.input_norm", l + 1), "op": "add_rms_norm",
+                "args": [buf("h"), buf("x"), buf("mlp"), buf(&format!("model.layers.{}.input_layernorm.weight", l + 1)), var("tokens")]}));
+        }
+    }
+    // Only the last position of each sequence goes through the final norm and the LM head.
+    calls.push(json!({"label": "gather.residual", "op": "gather_last", "args": [buf("x_last"), buf("x"), buf("last_token"), var("seqs"), var("tokens")]}));
+    calls.push(json!({"label": "gather.mlp", "op": "gather_last", "args": [buf("mlp_last"), buf("mlp"), buf("last_token"), var("seqs"), var("tokens")]}));
+    calls.push(json!({"label": "final_norm", "op": "add_rms_norm_last", "args": [buf("h_last"), buf("x_last"), buf("mlp_last"), buf("model.norm.weight"), var("seqs")]}));
+    calls.push(json!({"label": "lm_head", "op": "lm_head", "args": [buf("h_last"), buf("lm_head.weight"), {"null": true}, buf("logits"), var("seqs")]}));
+    calls.push(json!({"label": "sample", "op": "sample",
+        "args": [buf("sampled"), buf("logits"), buf("temperature"), buf("top_k"), buf("top_p"), buf("seeds"), buf("seq_lens"), var("seqs")]}));
+
+    let bytes_per_token = d.layers * 2 * d.hkv * d.d * 2;
+    json!({
+        "schema_version": "4.1",
+        "model": format!("{}-h{}-l{}", cfg.model_type, d.h, d.layers),
+        "vars": {"tokens": {"max": opts.max_tokens}, "seqs": {"max": opts.max_seqs}, "pages": {"max": pages}},
+        "states": {"kv": {"bytes_per_token": bytes_per_token, "page_tokens": opts.page_tokens}},
+        "buffers": Value::Object(b),
+        "modules": modules,
+        "ops": ops,
+        "program": {"calls": calls},
+        "step": {
+            "abi": 1,
+            "kv": "kv",
+            "buffers": {
+                "token_ids": "token_ids", "positions": "positions", "seq_lens": "seq_lens", "query_start": "query_start",
+                "slot_mapping": "slot_mapping", "block_tables": "block_tables", "last_token": "last_token",
+                "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "seeds": "seeds",
+                "sampled": "sampled", "logits": "logits"
+            }
+        }
+    })
+}
+
+fn add_rms_norm(rows: &str, h: u64, eps: f64) -> Value {
+    json!({"params": ["out buffer<bf16>", "inout buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "i32"], "impl": {"launches": [{
+        "module": "rowwise", "entry": "add_rms_norm",
+        "params": ["out buffer<bf16>", "inout buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "i32", "i32", "f32"],
+        "block": [128], "grid": [rows],
+        "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"i32": h}, {"f32": eps}]}]}})
+}

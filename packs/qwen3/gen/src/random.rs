@@ -1,0 +1,214 @@
+//! Seeded random weights with real shapes, in the Hugging Face layout (the tensor names of the
+//! real checkpoints), plus a `config.json` transformers loads unchanged — so kern and the
+//! reference load the very same files. Matrices and biases are normal(0, 0.02) (activations
+//! stay finite through 36 layers); norm weights are 1 + normal(0, 0.02).
+//!
+//! Every tensor's values depend only on (seed, tensor name, element index), so the output does
+//! not depend on thread count or write order. Files above `shard_bytes` are split into shards
+//! with a `model.safetensors.index.json`, as the Hub does.
+
+use crate::config::Config;
+use crate::{io, PackError, Result};
+use safetensors::tensor::{Dtype, TensorView};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// One tensor of the checkpoint: name, shape, and whether it is a norm weight (centered at 1).
+pub struct TensorSpec {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub norm: bool,
+}
+
+/// The tensors of a Qwen3 / Qwen2 checkpoint for `cfg`, in the Hub's order.
+pub fn tensors(cfg: &Config) -> Vec<TensorSpec> {
+    let (h, i, d) = (cfg.hidden_size as usize, cfg.intermediate_size as usize, cfg.head_dim() as usize);
+    let (hq, hkv, v) = (cfg.num_attention_heads as usize, cfg.kv_heads() as usize, cfg.vocab_size as usize);
+    let t = |name: String, shape: Vec<usize>, norm: bool| TensorSpec { name, shape, norm };
+    let mut out = vec![t("model.embed_tokens.weight".into(), vec![v, h], false)];
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        out.push(t(format!("{p}.input_layernorm.weight"), vec![h], true));
+        out.push(t(format!("{p}.self_attn.q_proj.weight"), vec![hq * d, h], false));
+        out.push(t(format!("{p}.self_attn.k_proj.weight"), vec![hkv * d, h], false));
+        out.push(t(format!("{p}.self_attn.v_proj.weight"), vec![hkv * d, h], false));
+        if cfg.qkv_bias() {
+            out.push(t(format!("{p}.self_attn.q_proj.bias"), vec![hq * d], false));
+            out.push(t(format!("{p}.self_attn.k_proj.bias"), vec![hkv * d], false));
+            out.push(t(format!("{p}.self_attn.v_proj.bias"), vec![hkv * d], false));
+        }
+        if cfg.qk_norm() {
+            out.push(t(format!("{p}.self_attn.q_norm.weight"), vec![d], true));
+            out.push(t(format!("{p}.self_attn.k_norm.weight"), vec![d], true));
+        }
+        out.push(t(format!("{p}.self_attn.o_proj.weight"), vec![h, hq * d], false));
+        out.push(t(format!("{p}.post_attention_layernorm.weight"), vec![h], true));
+        out.push(t(format!("{p}.mlp.gate_proj.weight"), vec![i, h], false));
+        out.push(t(format!("{p}.mlp.up_proj.weight"), vec![i, h], false));
+        out.push(t(format!("{p}.mlp.down_proj.weight"), vec![h, i], false));
+    }
+    out.push(t("model.norm.weight".into(), vec![h], true));
+    if !cfg.tie_word_embeddings {
+        out.push(t("lm_head.weight".into(), vec![v, h], false));
+    }
+    out
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn name_hash(seed: u64, name: &str) -> u64 {
+    name.bytes().fold(splitmix(seed), |h, b| splitmix(h ^ u64::from(b)))
+}
+
+/// Fills `out` (bf16 little-endian) with the tensor's values for elements `start..`.
+fn fill(out: &mut [u8], key: u64, start: usize, norm: bool) {
+    const STD: f64 = 0.02;
+    for (j, pair) in out.chunks_exact_mut(4).enumerate() {
+        // Two normals per Box-Muller draw, from the element index: order-independent.
+        let idx = (start / 2 + j) as u64;
+        let r = splitmix(key ^ splitmix(idx));
+        let u1 = ((r >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        let u2 = (splitmix(r) >> 11) as f64 / (1u64 << 53) as f64;
+        let rad = (-2.0 * u1.ln()).sqrt();
+        let (s, c) = (2.0 * std::f64::consts::PI * u2).sin_cos();
+        let base = if norm { 1.0 } else { 0.0 };
+        pair[..2].copy_from_slice(&half::bf16::from_f64(base + STD * rad * c).to_le_bytes());
+        pair[2..].copy_from_slice(&half::bf16::from_f64(base + STD * rad * s).to_le_bytes());
+    }
+    if out.len() % 4 == 2 {
+        let n = out.len();
+        let idx = ((start + n / 2 - 1) / 2) as u64;
+        let r = splitmix(key ^ splitmix(idx));
+        let u1 = ((r >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        let u2 = (splitmix(r) >> 11) as f64 / (1u64 << 53) as f64;
+        let v = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+        let base = if norm { 1.0 } else { 0.0 };
+        out[n - 2..].copy_from_slice(&half::bf16::from_f64(base + STD * v).to_le_bytes());
+    }
+}
+
+/// One tensor's bf16 bytes, generated on all cores.
+pub fn generate_tensor(seed: u64, spec: &TensorSpec) -> Vec<u8> {
+    let n: usize = spec.shape.iter().product();
+    let mut data = vec![0u8; n * 2];
+    let key = name_hash(seed, &spec.name);
+    let threads = std::thread::available_parallelism().map_or(1, |p| p.get()).min(32);
+    // Chunks of an even number of elements, so Box-Muller pairs never straddle two chunks.
+    let chunk_elems = (n.div_ceil(threads).max(1 << 16) + 1) & !1;
+    std::thread::scope(|s| {
+        for (c, part) in data.chunks_mut(chunk_elems * 2).enumerate() {
+            s.spawn(move || fill(part, key, c * chunk_elems, spec.norm));
+        }
+    });
+    data
+}
+
+/// Writes `dir/config.json` and the weights (`model.safetensors`, or shards of at most
+/// `shard_bytes` plus `model.safetensors.index.json`). `progress(done, total)` in bytes.
+pub fn write(cfg: &Config, seed: u64, dir: &Path, shard_bytes: u64, mut progress: impl FnMut(u64, u64)) -> Result<()> {
+    cfg.validate().map_err(PackError::Config)?;
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let cfg_path = dir.join("config.json");
+    let text = serde_json::to_string_pretty(&cfg.to_hf_json()).map_err(|e| PackError::Config(e.to_string()))?;
+    std::fs::write(&cfg_path, text + "\n").map_err(io(&cfg_path))?;
+    let specs = tensors(cfg);
+    let total: u64 = specs.iter().map(|s| s.shape.iter().product::<usize>() as u64 * 2).sum();
+    // Group tensors into shards in order.
+    let mut shards: Vec<Vec<&TensorSpec>> = vec![vec![]];
+    let mut size = 0u64;
+    for s in &specs {
+        let b = s.shape.iter().product::<usize>() as u64 * 2;
+        if size > 0 && size + b > shard_bytes {
+            shards.push(vec![]);
+            size = 0;
+        }
+        shards.last_mut().expect("one shard").push(s);
+        size += b;
+    }
+    let n = shards.len();
+    let mut weight_map = BTreeMap::new();
+    let mut done = 0u64;
+    for (k, shard) in shards.iter().enumerate() {
+        let file = if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n:05}.safetensors", k + 1) };
+        let datas: Vec<Vec<u8>> = shard
+            .iter()
+            .map(|s| {
+                let d = generate_tensor(seed, s);
+                done += d.len() as u64;
+                progress(done, total);
+                d
+            })
+            .collect();
+        let views: Vec<(String, TensorView)> = shard
+            .iter()
+            .zip(&datas)
+            .map(|(s, d)| Ok((s.name.clone(), TensorView::new(Dtype::BF16, s.shape.clone(), d).map_err(|e| PackError::Config(format!("{}: {e}", s.name)))?)))
+            .collect::<Result<_>>()?;
+        let path = dir.join(&file);
+        let meta = Some([("format".to_string(), "pt".to_string())].into_iter().collect());
+        safetensors::tensor::serialize_to_file(views, meta, &path).map_err(|e| PackError::Config(format!("{}: {e}", path.display())))?;
+        for s in shard {
+            weight_map.insert(s.name.clone(), file.clone());
+        }
+    }
+    if n > 1 {
+        let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+        let p = dir.join("model.safetensors.index.json");
+        std::fs::write(&p, serde_json::to_string_pretty(&index).map_err(|e| PackError::Config(e.to_string()))?).map_err(io(&p))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> Config {
+        serde_json::from_str(r#"{"model_type":"qwen3","hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":64,"vocab_size":100,"tie_word_embeddings":true}"#).unwrap()
+    }
+
+    #[test]
+    fn deterministic_and_thread_independent() {
+        let spec = TensorSpec { name: "w".into(), shape: vec![1001, 3], norm: false };
+        let a = generate_tensor(7, &spec);
+        let mut b = vec![0u8; a.len()];
+        // One chunk, serially: the same bytes as the parallel run.
+        fill(&mut b, name_hash(7, "w"), 0, false);
+        assert_eq!(a, b);
+        assert_ne!(a, generate_tensor(8, &spec));
+        let vals: Vec<f32> = a.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
+        let mean = vals.iter().sum::<f32>() / vals.len() as f32;
+        let std = (vals.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / vals.len() as f32).sqrt();
+        assert!(mean.abs() < 0.003 && (std - 0.02).abs() < 0.002, "mean {mean} std {std}");
+        let norm = generate_tensor(7, &TensorSpec { name: "n".into(), shape: vec![500], norm: true });
+        let nm: f32 = norm.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).sum::<f32>() / 500.0;
+        assert!((nm - 1.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn writes_single_and_sharded_checkpoints() {
+        let dir = std::env::temp_dir().join(format!("kern-rw-{}", std::process::id()));
+        let cfg = tiny();
+        write(&cfg, 0, &dir.join("one"), u64::MAX, |_, _| {}).unwrap();
+        assert!(dir.join("one/model.safetensors").exists());
+        let cfg_back = Config::from_file(&dir.join("one/config.json")).unwrap();
+        assert_eq!(cfg_back, Config { max_position_embeddings: Some(40960), attention_bias: Some(false), hidden_act: Some("silu".into()), torch_dtype: Some("bfloat16".into()), rope_scaling: None, ..cfg.clone() });
+        write(&cfg, 0, &dir.join("sharded"), 20_000, |_, _| {}).unwrap();
+        let index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("sharded/model.safetensors.index.json")).unwrap()).unwrap();
+        let n = tensors(&cfg).len();
+        assert_eq!(index["weight_map"].as_object().unwrap().len(), n);
+        // The same tensor has the same bytes in both layouts.
+        let a = std::fs::read(dir.join("one/model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&a).unwrap();
+        let file = index["weight_map"]["model.layers.1.mlp.down_proj.weight"].as_str().unwrap();
+        let b = std::fs::read(dir.join("sharded").join(file)).unwrap();
+        let st2 = safetensors::SafeTensors::deserialize(&b).unwrap();
+        assert_eq!(st.tensor("model.layers.1.mlp.down_proj.weight").unwrap().data(), st2.tensor("model.layers.1.mlp.down_proj.weight").unwrap().data());
+        assert!(st.tensor("lm_head.weight").is_err(), "tied: no lm_head");
+    }
+}

@@ -1,0 +1,49 @@
+//! Every generated manifest passes `kern check` against the pack's real cubins.
+
+use kern_manifest::{load, CheckOptions};
+use kern_pack_qwen3::config::preset;
+use kern_pack_qwen3::{generate, PackOptions};
+use std::path::PathBuf;
+
+fn kernels() -> PathBuf {
+    let p = std::env::var_os("KERN_PACK_KERNELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../build/packs/qwen3"));
+    assert!(p.join("rowwise.sm_90a.cubin").exists(), "pack kernels missing in {}: run packs/qwen3/build.sh", p.display());
+    p
+}
+
+#[test]
+fn presets_generate_manifests_that_pass_kern_check() {
+    for name in ["qwen3-0.6b", "qwen3-4b", "qwen3-8b", "qwen2.5-0.5b"] {
+        let cfg = preset(name).unwrap();
+        let out = std::env::temp_dir().join(format!("kern-pack-{}-{name}", std::process::id()));
+        let opts = PackOptions { kernels: kernels(), ..Default::default() };
+        let path = generate(&cfg, &opts, &out).unwrap();
+        let m = load(&path, &CheckOptions::default()).unwrap_or_else(|d| panic!("{name}: {d}"));
+        let step = m.step.as_ref().expect("step ABI bound");
+        assert_eq!(step.vocab, Some(151936), "{name}");
+        assert!(step.kv.is_some());
+        // Launches per step: embed + first norm + 9 per layer - 1 + 5 at the end.
+        let layers = cfg.num_hidden_layers as usize;
+        assert_eq!(m.programs[0].launches(&m), 2 + 9 * layers - 1 + 5, "{name}");
+        let bytes_per_token = cfg.num_hidden_layers * 2 * cfg.kv_heads() * cfg.head_dim() * 2;
+        assert!(matches!(m.states[0].size, kern_manifest::StateSize::PerToken { bytes, .. } if bytes == bytes_per_token));
+        // Weights: tied models alias the LM head to the embedding.
+        let lm = m.buffer("lm_head.weight").unwrap();
+        assert_eq!(matches!(m.buffers[lm.0].source, Some(kern_manifest::WeightSource::Alias(_))), cfg.tie_word_embeddings, "{name}");
+        if name.starts_with("qwen2") {
+            assert!(m.buffer("model.layers.0.self_attn.qkv_proj.bias").is_some());
+            assert!(m.buffer("model.layers.0.self_attn.q_norm.weight").is_none());
+        }
+        std::fs::remove_dir_all(&out).ok();
+    }
+}
+
+#[test]
+fn missing_kernels_are_a_clear_error() {
+    let cfg = preset("qwen3-0.6b").unwrap();
+    let opts = PackOptions { kernels: PathBuf::from("/nonexistent/kernels"), ..Default::default() };
+    let e = generate(&cfg, &opts, &std::env::temp_dir().join("kern-pack-missing")).unwrap_err().to_string();
+    assert!(e.contains("/nonexistent/kernels") && e.contains("packs/qwen3/build.sh"), "{e}");
+}
