@@ -1,0 +1,122 @@
+//! The one error type of kern-weights. Every message names the file or the manifest buffer it
+//! is about, and what to change.
+
+use std::path::PathBuf;
+
+/// Why a checkpoint could not be read, or did not fit a manifest buffer.
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    /// The file or directory could not be opened, listed or mapped.
+    #[error("{}: {what}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// No checkpoint where one was asked for.
+    #[error("{}: {message}", path.display())]
+    NotFound { path: PathBuf, message: String },
+
+    /// A safetensors file whose header or layout is broken (corrupt, truncated, offsets out of
+    /// bounds).
+    #[error("{}: not a valid safetensors file: {message}", path.display())]
+    BadFile { path: PathBuf, message: String },
+
+    /// `model.safetensors.index.json` is broken, or disagrees with its shards.
+    #[error("{}: {message}", path.display())]
+    BadIndex { path: PathBuf, message: String },
+
+    /// Two files of one checkpoint hold a tensor of the same name.
+    #[error("tensor `{name}` is in both {} and {}: a checkpoint holds each tensor once", first.display(), second.display())]
+    Duplicate {
+        name: String,
+        first: PathBuf,
+        second: PathBuf,
+    },
+
+    /// A tensor the manifest asks for is not in the checkpoint.
+    #[error("{}checkpoint {} has no tensor `{name}`{}", context(.buffer), checkpoint.display(), suggest(.suggestions))]
+    UnknownTensor {
+        /// The manifest buffer that asked, when one did.
+        buffer: Option<String>,
+        name: String,
+        checkpoint: PathBuf,
+        /// Up to five names of the checkpoint that look alike.
+        suggestions: Vec<String>,
+    },
+
+    /// The checkpoint tensor's shape is not the one the manifest declares.
+    #[error("buffers.{buffer}: checkpoint tensor `{tensor}` has shape {}, the manifest declares {} ({})", dims(.got), dims(.want), file.display())]
+    Shape {
+        buffer: String,
+        tensor: String,
+        got: Vec<u64>,
+        want: Vec<u64>,
+        file: PathBuf,
+    },
+
+    /// The tensors of a concatenation do not add up to the buffer.
+    #[error("buffers.{buffer}: {message}")]
+    Concat { buffer: String, message: String },
+
+    /// The checkpoint tensor's dtype cannot be turned into the buffer's.
+    #[error("buffers.{buffer}: checkpoint tensor `{tensor}` is {got}, the manifest declares {want}, and kern converts only between bf16, f16, f32 and f64 ({})", file.display())]
+    DType {
+        buffer: String,
+        tensor: String,
+        /// The dtype as the file names it (`BF16`, `I32`, `F8_E8M0`, ...).
+        got: String,
+        want: &'static str,
+        file: PathBuf,
+    },
+
+    /// A buffer that cannot be loaded from a checkpoint (not a weight, a shape with vars, an
+    /// alias, an output slice of the wrong size).
+    #[error("buffers.{buffer}: {message}")]
+    Buffer { buffer: String, message: String },
+
+    /// Several problems, each on its own line (from [`crate::LoadPlan::new`]).
+    #[error("{} between the manifest and checkpoint {}:\n{}", count(.problems.len()), checkpoint.display(), lines(.problems))]
+    Problems {
+        checkpoint: PathBuf,
+        problems: Vec<WeightsError>,
+    },
+}
+
+pub type Result<T, E = WeightsError> = std::result::Result<T, E>;
+
+fn context(buffer: &Option<String>) -> String {
+    buffer
+        .as_ref()
+        .map(|b| format!("buffers.{b}: "))
+        .unwrap_or_default()
+}
+
+fn suggest(names: &[String]) -> String {
+    if names.is_empty() {
+        String::new()
+    } else {
+        let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+        format!(" (similar names: {})", quoted.join(", "))
+    }
+}
+
+pub(crate) fn dims(d: &[u64]) -> String {
+    let parts: Vec<String> = d.iter().map(u64::to_string).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+fn count(n: usize) -> String {
+    if n == 1 {
+        "1 problem".into()
+    } else {
+        format!("{n} problems")
+    }
+}
+
+fn lines(problems: &[WeightsError]) -> String {
+    let l: Vec<String> = problems.iter().map(|p| format!("  {p}")).collect();
+    l.join("\n")
+}

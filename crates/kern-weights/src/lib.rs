@@ -1,0 +1,33 @@
+//! Checkpoint reading for kern: safetensors files shaped into the weights a manifest declares.
+//!
+//! A manifest says, for each weight buffer, where its contents come from (`from`): one
+//! checkpoint tensor (by default the one named like the buffer), several concatenated along an
+//! axis (a fused QKV or gate-up weight), or another weight's memory (tied embeddings). This
+//! crate holds no model knowledge: it does what those declarations say and nothing else.
+//!
+//! 1. [`Checkpoint::open`] maps a single `model.safetensors`, or the shards a
+//!    `model.safetensors.index.json` names, and reads only the headers (validated by the
+//!    `safetensors` crate: offsets inside the file, sizes matching shapes).
+//! 2. [`check`] lists every mismatch between the manifest's weights and the checkpoint at once
+//!    (missing tensors with similar names, shapes, dtypes, concatenations), before the runtime
+//!    allocates anything.
+//! 3. [`LoadPlan::stream`] hands every weight over in bounded chunks, in manifest order, with
+//!    the total known up front for a progress bar; [`materialize`] fills one buffer in host
+//!    memory. bf16, f16, f32 and f64 convert into each other (round to nearest even) when the
+//!    checkpoint's dtype is not the manifest's; other dtypes must match exactly.
+//!
+//! Aliases are never loaded: [`alias_of`] says which buffer's memory an alias shares.
+
+mod checkpoint;
+pub mod convert;
+mod error;
+mod load;
+mod resolve;
+mod suggest;
+
+pub use checkpoint::{Checkpoint, TensorView, INDEX_FILE, SINGLE_FILE};
+pub use error::{Result, WeightsError};
+pub use load::{
+    alias_of, check, is_loaded, materialize, unused_tensors, Chunk, LoadPlan, Progress,
+    DEFAULT_CHUNK_BYTES,
+};

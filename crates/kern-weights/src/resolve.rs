@@ -1,0 +1,231 @@
+//! Matching one manifest weight buffer with the checkpoint tensors that fill it: shapes and
+//! dtypes checked, and the buffer's bytes described as a sequence of source slices.
+
+use crate::checkpoint::{Checkpoint, TensorView};
+use crate::convert::convertible;
+use crate::error::{dims, WeightsError};
+use kern_manifest::{Buffer, DType, Role, WeightSource};
+
+/// A weight buffer whose sources were found and fit: the parts, concatenated along `axis`.
+#[derive(Debug)]
+pub(crate) struct Resolved<'c> {
+    pub dtype: DType,
+    /// The buffer's size in bytes.
+    pub bytes: u64,
+    parts: Vec<Part<'c>>,
+    /// Elements before the axis (product of the outer dimensions) and after it.
+    outer: u64,
+    inner: u64,
+}
+
+#[derive(Debug)]
+struct Part<'c> {
+    view: TensorView<'c>,
+    dtype: DType,
+    /// Extent along the concatenation axis.
+    extent: u64,
+}
+
+impl<'c> Resolved<'c> {
+    /// The source slices whose elements, converted to [`Resolved::dtype`] and laid end to end,
+    /// are the buffer's bytes in row-major order. Concatenating along axis 0 is one slice per
+    /// part; along axis k, each part contributes one block per index of the outer k
+    /// dimensions, interleaved.
+    pub fn segments(&self) -> impl Iterator<Item = (&'c [u8], DType)> + '_ {
+        let whole = self.parts.len() == 1;
+        let outer = if whole { 1 } else { self.outer };
+        (0..outer).flat_map(move |o| {
+            self.parts.iter().map(move |p| {
+                if whole {
+                    return (p.view.data, p.dtype);
+                }
+                let block = (p.extent * self.inner * p.dtype.size()) as usize;
+                let start = o as usize * block;
+                (&p.view.data[start..start + block], p.dtype)
+            })
+        })
+    }
+}
+
+/// The buffer's constant shape, or why it has none.
+pub(crate) fn constant_shape(b: &Buffer) -> Result<Vec<u64>, WeightsError> {
+    b.shape
+        .iter()
+        .map(|e| match e.as_const() {
+            Some(v) if v >= 0 => Ok(v as u64),
+            _ => Err(WeightsError::Buffer {
+                buffer: b.name.clone(),
+                message: format!(
+                    "dimension `{e}` is not a non-negative constant: a weight's shape uses no vars"
+                ),
+            }),
+        })
+        .collect()
+}
+
+/// Checks buffer `b` against the checkpoint; on failure, every problem found.
+/// `suggest` = false leaves similar-name suggestions out of missing-tensor errors.
+pub(crate) fn resolve<'c>(
+    ckpt: &'c Checkpoint,
+    b: &Buffer,
+    suggest: bool,
+) -> Result<Resolved<'c>, Vec<WeightsError>> {
+    let fail = |message: String| {
+        vec![WeightsError::Buffer {
+            buffer: b.name.clone(),
+            message,
+        }]
+    };
+    if b.role != Role::Weight {
+        return Err(fail(format!(
+            "the buffer's role is `{}`, not `weight`: nothing is loaded into it",
+            b.role.name()
+        )));
+    }
+    let shape = constant_shape(b).map_err(|e| vec![e])?;
+    let bytes = shape
+        .iter()
+        .try_fold(b.dtype.size(), |acc, &d| acc.checked_mul(d))
+        .filter(|&n| usize::try_from(n).is_ok());
+    let Some(bytes) = bytes else {
+        return Err(fail(format!(
+            "shape {} of {} does not fit in memory",
+            dims(&shape),
+            b.dtype.name()
+        )));
+    };
+    let default;
+    let source = match &b.source {
+        Some(s) => s,
+        None => {
+            default = WeightSource::Tensor(b.name.clone());
+            &default
+        }
+    };
+    let (names, axis, sizes): (&[String], usize, Option<&[u64]>) = match source {
+        WeightSource::Alias(_) => {
+            return Err(fail(
+                "the buffer is an alias: it shares another weight's memory, and nothing is loaded into it".into(),
+            ))
+        }
+        WeightSource::Tensor(name) => (std::slice::from_ref(name), 0, None),
+        WeightSource::Concat { tensors, axis, sizes } => (tensors, *axis, sizes.as_deref()),
+    };
+    let concat = matches!(source, WeightSource::Concat { .. });
+    let concat_err = |message: String| WeightsError::Concat {
+        buffer: b.name.clone(),
+        message,
+    };
+    if concat && axis >= shape.len() {
+        return Err(vec![concat_err(format!(
+            "axis {axis} is not a dimension of the shape {}",
+            dims(&shape)
+        ))]);
+    }
+    if let Some(s) = sizes {
+        if s.len() != names.len() {
+            return Err(vec![concat_err(format!(
+                "`sizes` has {} entries for {} tensors",
+                s.len(),
+                names.len()
+            ))]);
+        }
+    }
+
+    let mut problems = vec![];
+    let mut parts = vec![];
+    for (i, name) in names.iter().enumerate() {
+        let view = match ckpt.tensor(name) {
+            Ok(v) => v,
+            Err(_) => {
+                problems.push(ckpt.unknown(name, Some(&b.name), suggest));
+                continue;
+            }
+        };
+        let dtype = match view.dtype {
+            Some(d) if convertible(d, b.dtype) => d,
+            _ => {
+                problems.push(WeightsError::DType {
+                    buffer: b.name.clone(),
+                    tensor: name.clone(),
+                    got: view.file_dtype.to_string(),
+                    want: b.dtype.name(),
+                    file: view.file.to_path_buf(),
+                });
+                continue;
+            }
+        };
+        let got = view.dims();
+        if !concat {
+            if got != shape {
+                problems.push(WeightsError::Shape {
+                    buffer: b.name.clone(),
+                    tensor: name.clone(),
+                    got,
+                    want: shape.clone(),
+                    file: view.file.to_path_buf(),
+                });
+                continue;
+            }
+        } else {
+            let fits = got.len() == shape.len()
+                && got
+                    .iter()
+                    .zip(&shape)
+                    .enumerate()
+                    .all(|(k, (g, w))| k == axis || g == w);
+            if !fits {
+                let want: Vec<String> = shape
+                    .iter()
+                    .enumerate()
+                    .map(|(k, d)| if k == axis { "*".into() } else { d.to_string() })
+                    .collect();
+                problems.push(concat_err(format!(
+                    "checkpoint tensor `{name}` has shape {}; to be concatenated along axis {axis} into {} it must have shape [{}]",
+                    dims(&got),
+                    dims(&shape),
+                    want.join(", ")
+                )));
+                continue;
+            }
+            if let Some(&want) = sizes.and_then(|s| s.get(i)) {
+                if got[axis] != want {
+                    problems.push(concat_err(format!(
+                        "checkpoint tensor `{name}` is {} long along axis {axis}, and `sizes` says {want}",
+                        got[axis]
+                    )));
+                    continue;
+                }
+            }
+        }
+        let extent = if concat { got[axis] } else { 1 };
+        parts.push(Part {
+            view,
+            dtype,
+            extent,
+        });
+    }
+    if problems.is_empty() && concat {
+        let sum: u64 = parts.iter().map(|p| p.extent).sum();
+        if sum != shape[axis] {
+            let each: Vec<String> = parts.iter().map(|p| p.extent.to_string()).collect();
+            problems.push(concat_err(format!(
+                "the tensors add up to {sum} along axis {axis} ({}), the manifest declares {}",
+                each.join(" + "),
+                shape[axis]
+            )));
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    let outer = shape[..axis.min(shape.len())].iter().product();
+    let inner = shape.get(axis + 1..).map_or(1, |s| s.iter().product());
+    Ok(Resolved {
+        dtype: b.dtype,
+        bytes,
+        parts,
+        outer,
+        inner,
+    })
+}
