@@ -36,6 +36,8 @@ pub enum RuntimeError {
     /// Host data (an input file, an output request) is unusable.
     #[error("{0}")]
     Data(String),
+    #[error(transparent)]
+    Weights(#[from] kern_weights::WeightsError),
     #[error("{file}: {cause}")]
     Io {
         file: String,

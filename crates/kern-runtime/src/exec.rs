@@ -383,6 +383,22 @@ impl Runtime {
         Ok(out)
     }
 
+    /// Streams every weight of the manifest from a checkpoint into the arena (aliases share
+    /// their target's memory and are not loaded). `progress(done, total)` in bytes.
+    pub fn load_weights(&self, ckpt: &kern_weights::Checkpoint, mut progress: impl FnMut(u64, u64)) -> Result<u64> {
+        let plan = kern_weights::LoadPlan::for_manifest(ckpt, &self.manifest).map_err(|e| RuntimeError::Data(e.to_string()))?;
+        let total = plan.total_bytes();
+        plan.stream(
+            |c: kern_weights::Chunk<'_>| -> Result<()> {
+                let slot = &self.plan.buffers[c.buffer.0];
+                self.arena.copy_from_host((slot.offset + c.offset) as usize, c.bytes)?;
+                Ok(())
+            },
+            |p| progress(p.done, p.total),
+        )?;
+        Ok(total)
+    }
+
     /// Number of launches in one run of program `p`.
     pub fn launches(&self, p: usize) -> usize {
         self.programs[p].launches.len()

@@ -4,6 +4,7 @@
 mod check;
 mod dump;
 mod extract;
+mod generate;
 mod inspect;
 mod pack;
 mod plan;
@@ -35,6 +36,7 @@ enum Command {
     Dump(dump::Args),
     Pack(pack::Args),
     RandomWeights(pack::RandomArgs),
+    Generate(generate::Args),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +62,7 @@ fn main() -> ExitCode {
         Command::Dump(a) => dump::run(a),
         Command::Pack(a) => pack::run(a),
         Command::RandomWeights(a) => pack::random(a),
+        Command::Generate(a) => generate::run(a),
     };
     match result {
         Ok(code) => code,
