@@ -27,7 +27,7 @@ pub const FIXTURES: &[(&str, &str)] = &[
     ),
     (
         "triton_rmsnorm.cubin",
-        "4cb8dd2ef7c6e64968b8f7cf296a4200b42d2681fb500064bd55b858d9583c5d",
+        "94c81d8bc4d20c7b3d28063de7e7af209870850ba7ef849580b3196e4837742c",
     ),
     (
         "vecadd.ptxas128.sm_80.cubin",
