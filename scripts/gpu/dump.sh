@@ -8,7 +8,7 @@
 #   bash scripts/gpu/dump.sh                          # there, from the repository root
 #
 # Settings (environment): KERN (default .carry/kern), INJECT (default .carry/libkern_inject.so),
-# OUT (default /tmp/kern-dump-gpu), LAYERS (28), REPEATS (3 timed iterations after a cold one).
+# KERN_DUMP_OUT (default /tmp/kern-dump-gpu), LAYERS (28), REPEATS (3 timed iterations after a cold one).
 #
 # Needs there: nvcc (13.0), python3 with torch + transformers, a CUPTI 13 (toolkit or the
 # nvidia-cuda-cupti wheel; found automatically, or set KERN_CUPTI_LIB). Builds nothing Rust.
@@ -18,7 +18,8 @@ KERN=${KERN:-${KERN_CARRY:-.carry}/kern}
 INJECT=${INJECT:-${KERN_CARRY:-.carry}/libkern_inject.so}
 [ -x "$KERN" ] || { echo "dump.sh: no kern binary at $KERN (set KERN=...)"; exit 2; }
 [ -f "$INJECT" ] || { echo "dump.sh: no injection library at $INJECT (set INJECT=...)"; exit 2; }
-OUT=${OUT:-/tmp/kern-dump-gpu}
+# Not $OUT: the device tool sets that to the folder whose files come back.
+OUT=${KERN_DUMP_OUT:-/tmp/kern-dump-gpu}
 LAYERS=${LAYERS:-28}
 REPEATS=${REPEATS:-3}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -145,16 +146,16 @@ nvcc -arch=sm_90 -o vecadd vecadd.cu || fail "nvcc vecadd"
 t0=$(now); ./vecadd; rc=$?; t1=$(now)
 vec_plain=$(secs "$t0" "$t1")
 [ $rc -eq 0 ] || fail "vecadd plain exit $rc"
-t0=$(now); KERN_DUMP_VERBOSE=1 "$KERN" dump --out "$OUT/vecadd" -- ./vecadd; rc=$?; t1=$(now)
+t0=$(now); KERN_DUMP_VERBOSE=1 "$KERN" dump --out "$OUT/dump-vecadd" -- ./vecadd; rc=$?; t1=$(now)
 vec_dump=$(secs "$t0" "$t1")
 [ $rc -eq 0 ] || fail "vecadd under kern dump exit $rc"
-"$KERN" dump summary "$OUT/vecadd" || fail "kern dump summary vecadd"
-inspect_all "$OUT/vecadd"
-vec=$(count "$OUT/vecadd")
+"$KERN" dump summary "$OUT/dump-vecadd" || fail "kern dump summary vecadd"
+inspect_all "$OUT/dump-vecadd"
+vec=$(count "$OUT/dump-vecadd")
 echo "counts: $vec"
-grep -h '"type":"launch"' "$OUT"/vecadd/trace.*.jsonl | head -3
-grep -q '"kernel":"_Z6VecAddPfS_S_"' "$OUT"/vecadd/trace.*.jsonl || fail "no VecAdd launch recorded"
-grep -q '"kernel":"_Z6VecAddPfS_S_".*"attribution":"function_module"' "$OUT"/vecadd/trace.*.jsonl \
+grep -h '"type":"launch"' "$OUT"/dump-vecadd/trace.*.jsonl | head -3
+grep -q '"kernel":"_Z6VecAddPfS_S_"' "$OUT"/dump-vecadd/trace.*.jsonl || fail "no VecAdd launch recorded"
+grep -q '"kernel":"_Z6VecAddPfS_S_".*"attribution":"function_module"' "$OUT"/dump-vecadd/trace.*.jsonl \
     || fail "VecAdd launch not attributed exactly"
 
 echo
