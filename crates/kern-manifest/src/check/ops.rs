@@ -238,6 +238,23 @@ impl Checker<'_> {
     /// 1 to 3 dimensions, padded with 1; each at least 1 (a grid: at least 1 at the vars' max,
     /// and never negative) and within CUDA's limits. Returns the expressions and their values
     /// at the vars' max.
+    /// Whether `e` is positive for some var values: each var swept over 1..=max (up to 65,536
+    /// values) with the others at their max, then at 1.
+    fn positive_somewhere(&self, e: &Expr) -> bool {
+        for base in [&self.at_max, &self.at_min] {
+            for v in 0..self.vars.len() {
+                let mut vars = base.clone();
+                for x in 1..=self.vars[v].max.min(1 << 16) {
+                    vars[v] = x;
+                    if e.eval(&vars).is_ok_and(|g| g > 0) {
+                        return true;
+                    }
+                }
+            }
+        }
+        false
+    }
+
     fn dims(
         &mut self,
         raw: &[RawExpr],
@@ -286,8 +303,11 @@ impl Checker<'_> {
                             ),
                         );
                         ok = false;
-                    } else if !is_block && max < 1 {
-                        self.sink.error(&dp, format!("grid {axis} `{e}` is {max} at the vars' max, so the launch would never run: a grid dimension is at least 1"));
+                    } else if !is_block && max < 1 && !self.positive_somewhere(&e) {
+                        // A grid of 0 skips the launch: fine for launches that serve a range
+                        // of var values (one kernel per M range), an error when no value of
+                        // any var makes it run.
+                        self.sink.error(&dp, format!("grid {axis} `{e}` is {max} at the vars' max and at every other var value tried, so the launch would never run: a grid dimension is at least 1"));
                         ok = false;
                     } else if !is_block && min < 0 {
                         self.sink.error(&dp, format!("grid {axis} `{e}` is {min} when every var is 1: a grid dimension cannot be negative"));

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
 /// Modules (cubins) the manifest uses, by file stem in the kernel directory.
-pub const MODULES: &[&str] = &["rowwise", "rope", "attention", "sampling", "gemm_bf16"];
+pub const MODULES: &[&str] = &["rowwise", "rope", "attention", "sampling", "gemm_skinny", "gemm_wgmma"];
 
 #[derive(Clone, Debug)]
 pub struct PackOptions {
@@ -82,15 +82,39 @@ fn input(dtype: &str, shape: Value) -> Value {
     json!({"dtype": dtype, "shape": shape, "role": "input"})
 }
 
-/// One launch of a GEMM `y[M, N] = x[M, K] · W[N, K]ᵀ (+ bias)` with M = the var `m`.
-fn gemm_launch(n: u64, k: u64, m: &str, f32_out: bool) -> Value {
-    let entry = if f32_out { "gemm_bf16_f32out" } else { "gemm_bf16" };
-    json!({
-        "module": "gemm_bf16", "entry": entry,
-        "params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", if f32_out { "out buffer<f32>" } else { "out buffer<bf16>" }, "i32", "i32", "i32"],
-        "block": [256], "grid": [format!("ceil({m}/128)"), format!("ceil({n}/128)")], "shared": 98304,
-        "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"i32": n}, {"i32": k}]
-    })
+/// The launches of a GEMM `y[M, N] = x[M, K] · W[N, K]ᵀ (+ bias)` with M = the var `m`: one
+/// per M range, each with a grid that is 0 — "skip this launch" (docs/manifest.md) — outside
+/// its range, so exactly one runs for any M, chosen from the var's value at run time (or at a
+/// CUDA graph's bucket). Ranges and recipes from packs/qwen3/GEMM.md and its H200 timings:
+/// the GEMV for decode, skinny tensor-core kernels up to 64 rows, wgmma above.
+fn gemm_launches(n: u64, k: u64, m: &str, f32_out: bool) -> Vec<Value> {
+    let sfx = if f32_out { "_f32out" } else { "" };
+    let out = if f32_out { "out buffer<f32>" } else { "out buffer<bf16>" };
+    // 1 when lo <= m <= hi, else 0 (integer expressions have no comparisons).
+    let within = |lo: u64, hi: Option<u64>| {
+        let lower = format!("max(0, min(1, {m} - {}))", lo - 1);
+        match hi {
+            Some(hi) => format!("{lower} * max(0, min(1, {} - {m}))", hi + 1),
+            None => lower,
+        }
+    };
+    let launch = |module: &str, entry: String, grid: Value, shared: u64| {
+        json!({
+            "module": module, "entry": entry,
+            "params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", out, "i32", "i32", "i32"],
+            "block": [256], "grid": grid, "shared": shared,
+            "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"i32": n}, {"i32": k}]
+        })
+    };
+    let skinny = |entry: &str, lo: u64, hi: u64| launch("gemm_skinny", format!("{entry}{sfx}"), json!([format!("ceil({n}/16) * {}", within(lo, Some(hi)))]), 0);
+    let (wg, bn) = if n >= 4096 { ("gemm_bf16_wgmma", 256) } else { ("gemm_bf16_wgmma_n128", 128) };
+    vec![
+        skinny("gemv_bf16", 1, 8),
+        skinny("gemm_bf16_m16", 9, 16),
+        skinny("gemm_bf16_m32", 17, 32),
+        skinny("gemm_bf16_m64", 33, 64),
+        launch("gemm_wgmma", format!("{wg}{sfx}"), json!([format!("ceil({m}/128) * {}", within(65, None)), format!("ceil({n}/{bn})")]), 197632),
+    ]
 }
 
 fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
@@ -195,11 +219,11 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
             "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"i32": d.h}, {"f32": eps}]}]}},
         "add_rms_norm": add_rms_norm("tokens", d.h, eps),
         "add_rms_norm_last": add_rms_norm("seqs", d.h, eps),
-        "qkv_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": [gemm_launch(d.qkv, d.h, "tokens", false)]}},
-        "o_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": [gemm_launch(d.h, d.hq * d.d, "tokens", false)]}},
-        "gate_up_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": [gemm_launch(2 * d.i, d.h, "tokens", false)]}},
-        "down_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": [gemm_launch(d.h, d.i, "tokens", false)]}},
-        "lm_head": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<f32>", "i32"], "impl": {"launches": [gemm_launch(d.v, d.h, "seqs", true)]}},
+        "qkv_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.qkv, d.h, "tokens", false)}},
+        "o_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.hq * d.d, "tokens", false)}},
+        "gate_up_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(2 * d.i, d.h, "tokens", false)}},
+        "down_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.i, "tokens", false)}},
+        "lm_head": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<f32>", "i32"], "impl": {"launches": gemm_launches(d.v, d.h, "seqs", true)}},
         "qk_norm_rope": {
             "params": ["inout buffer<bf16>", "state", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "in buffer<i32>", "i32", "i32"],
             "impl": {"launches": [{

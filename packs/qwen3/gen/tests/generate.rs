@@ -24,9 +24,19 @@ fn presets_generate_manifests_that_pass_kern_check() {
         let step = m.step.as_ref().expect("step ABI bound");
         assert_eq!(step.vocab, Some(151936), "{name}");
         assert!(step.kv.is_some());
-        // Launches per step: embed + first norm + 9 per layer - 1 + 5 at the end.
+        // Calls per step: embed + first norm + 9 per layer - 1 + 5 at the end; each GEMM call
+        // declares one launch per M range (all but one skipped at run time).
         let layers = cfg.num_hidden_layers as usize;
-        assert_eq!(m.programs[0].launches(&m), 2 + 9 * layers - 1 + 5, "{name}");
+        assert_eq!(m.programs[0].calls.len(), 2 + 9 * layers - 1 + 5, "{name}");
+        assert_eq!(m.programs[0].launches(&m), 2 + 9 * layers - 1 + 5 + 4 * (4 * layers + 1), "{name}");
+        // Exactly one GEMM launch has a positive grid for every M.
+        let op = &m.ops[m.op("qkv_proj").unwrap().0];
+        for tokens in [1i64, 7, 8, 9, 16, 17, 32, 33, 64, 65, 300, 512] {
+            let mut vars = m.vars_at_max();
+            vars[m.var("tokens").unwrap().0] = tokens;
+            let live = op.launches.iter().filter(|l| l.grid.iter().all(|g| g.eval(&vars).unwrap() > 0)).count();
+            assert_eq!(live, 1, "{name}: tokens={tokens}");
+        }
         let bytes_per_token = cfg.num_hidden_layers * 2 * cfg.kv_heads() * cfg.head_dim() * 2;
         assert!(matches!(m.states[0].size, kern_manifest::StateSize::PerToken { bytes, .. } if bytes == bytes_per_token));
         // Weights: tied models alias the LM head to the embedding.
