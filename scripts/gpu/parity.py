@@ -1,0 +1,958 @@
+#!/usr/bin/env python3
+"""Parity of `kern generate` against Hugging Face transformers on the same random weights.
+
+Run on the GPU machine from the repository root, with prebuilt binaries (the GPU machine has no
+cargo) — python3 with torch, transformers 5.x, numpy, safetensors:
+
+    python3 scripts/gpu/parity.py [--kern .carry/kern] [--kernels build/packs/qwen3]
+        [--shapes qwen3-0.6b,qwen2.5-0.5b,qwen3-4b] [--steps 64] [--timeout 300]
+    python3 scripts/gpu/parity.py --layers 2 --steps 8      # quick smoke run (shrunk models)
+    python3 scripts/gpu/parity.py --selftest                # the comparison logic, CPU + numpy only
+
+Per shape (presets of `kern random-weights`, real layer counts unless --layers):
+  1. `kern random-weights --preset P --seed S` and `kern pack` (--max-tokens 256 --max-seqs 8
+     --max-context 1024) into --work (default /tmp/kern-parity), deleted afterwards unless --keep.
+  2. Four prompts of seeded random token ids in [0, 151643), lengths --lengths (5,37,120,251).
+  3. `kern generate` of all four as one batch: greedy, --steps tokens, --ignore-eos, --dump →
+     kern's tokens and, per step, the last-position logits the token was chosen from.
+  4. transformers (attention: --attn, default "sdpa", the library's default) in float32 (ref32)
+     and in bfloat16, each loaded from the same directory, teacher-forced on prompt + kern's
+     tokens (one forward per sequence, no cache): rows at positions len(prompt)-1+j.
+     Per step j: e_kern = max|kern_j - ref32_j|, e_bf16 = max|bf16_j - ref32_j|,
+     bound = 1.5 e_bf16 + 0.01; PASS iff e_kern <= bound at every step of every sequence.
+     fp32 matmuls run in full fp32 (TF32 off); bf16 runs with PyTorch's defaults.
+  5. transformers bf16 greedy with its own KV cache (model.generate, do_sample=False,
+     eos_token_id=None so it neither stops nor masks EOS — as kern's --ignore-eos), one prompt
+     at a time: the token streams must be equal for all steps or, at the first split j,
+     |ref32_j[kern tok] - ref32_j[hf tok]| <= bound_j (ref32_j is the logits of the common
+     prefix). The vLLM rule (each token in the other side's top 5) is reported alongside.
+  6. Chunked prefill: `kern generate --chunk 16 --max-tokens 4` (same batch) against step 3's
+     rows 0..3 (while the token prefixes agree), and the longest prompt alone in one chunk
+     (`--max-tokens 4`, no --chunk) against both: max |diff| <= bound of that step.
+  Also checked: kern's logits are finite, shaped [steps, vocab], and each chosen token holds
+  its row's maximum (the dump is what the token was chosen from).
+
+Prints one summary row per shape and a final table; when $OUT is set, writes every number to
+$OUT/parity.json (after each shape), the final table to $OUT/parity.txt and every kern call's
+command line, stdout and stderr to $OUT/parity-logs/. The "chunked max diff" column is the
+largest of: chunk-16 run vs the batch run, lone one-chunk run vs both. Exit status 1 if any
+shape FAILs (a failing shape does not stop the others), 2 on bad arguments.
+
+Dry run without a GPU (plumbing only): scripts/gpu/parity_fake_kern.py stands in for kern.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+
+REL, ABS = 1.5, 0.01  # kern's error bound: REL * e_bf16 + ABS
+PROMPT_ID_MAX = 151643  # prompt ids in [0, 151643): the ordinary vocabulary, no special tokens
+TOPK = 5  # vLLM's check_logprobs_close
+SHAPES = ("qwen3-0.6b", "qwen3-4b", "qwen2.5-0.5b")
+DEFAULT_SHAPES = "qwen3-0.6b,qwen2.5-0.5b,qwen3-4b"  # the 8 GB one last
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+# ============================================================================ comparison logic
+# Pure numpy: everything below up to the GPU part is what --selftest checks.
+
+def bound_of(e_bf16):
+    return REL * e_bf16 + ABS
+
+
+def step_errors(kern, ref32, bf16):
+    """kern, ref32, bf16: [n, vocab] arrays, row j = the logits of step j. Per step: e_kern,
+    e_bf16, bound, ratio = e_kern / bound; the rule holds at step j iff ratio <= 1."""
+    import numpy as np
+    kern, ref32, bf16 = (np.asarray(x, dtype=np.float64) for x in (kern, ref32, bf16))
+    if not (kern.shape == ref32.shape == bf16.shape) or kern.ndim != 2:
+        raise ValueError(f"shapes differ: kern {kern.shape}, ref32 {ref32.shape}, bf16 {bf16.shape}")
+    e_kern = np.abs(kern - ref32).max(axis=1)
+    e_bf16 = np.abs(bf16 - ref32).max(axis=1)
+    e_kern = np.where(np.isfinite(e_kern), e_kern, np.inf)  # NaN anywhere in a row fails it
+    b = bound_of(e_bf16)
+    ratio = e_kern / b
+    return {"e_kern": e_kern, "e_bf16": e_bf16, "bound": b, "ratio": ratio}
+
+
+def first_split(a, b):
+    """First index where two token lists differ over their common length, else None."""
+    for j, (x, y) in enumerate(zip(a, b)):
+        if int(x) != int(y):
+            return j
+    return None
+
+
+def greedy_check(kern_toks, hf_toks, ref32, bound, kern_logits=None, hf_topk=None):
+    """Greedy streams: equal for all steps, or at the first split j the two tokens' ref32
+    logits within bound[j]. ref32 rows come from the kern prefix, valid at j because the
+    prefixes agree before j. kern_logits / hf_topk (per step, the HF top-k ids) add the vLLM
+    top-k report (informational)."""
+    import numpy as np
+    n = len(kern_toks)
+    r = {"steps": n, "hf_steps": len(hf_toks)}
+    j = first_split(kern_toks, hf_toks)
+    if j is None:
+        r["first_split"] = None
+        r["pass"] = len(hf_toks) >= n
+        if len(hf_toks) < n:
+            r["why"] = f"transformers made only {len(hf_toks)} of {n} tokens"
+        return r
+    k, h = int(kern_toks[j]), int(hf_toks[j])
+    gap = abs(float(ref32[j][k]) - float(ref32[j][h]))
+    r.update(first_split=j, kern_tok=k, hf_tok=h, ref32_kern=float(ref32[j][k]), ref32_hf=float(ref32[j][h]),
+             gap=gap, bound=float(bound[j]))
+    r["pass"] = bool(gap <= bound[j])
+    if kern_logits is not None and hf_topk is not None and j < len(hf_topk):
+        kt = np.argsort(-np.asarray(kern_logits[j], dtype=np.float64), kind="stable")[:TOPK]
+        r["topk_mutual"] = bool(h in set(int(x) for x in kt) and k in set(int(x) for x in hf_topk[j]))
+    return r
+
+
+def chunk_check(base_logits, base_toks, other_logits, other_toks, ref32, bound):
+    """Another kern run of the same sequence (chunked prefill, or alone in one chunk) against a
+    base run: rows compared while the token prefixes agree (row j needs tokens 0..j-1 equal);
+    where the tokens split, the rule of greedy_check with ref32 (rows from the base run's
+    tokens). bound: per-step bound of the base sequence."""
+    import numpy as np
+    n = min(len(base_toks), len(other_toks), len(base_logits), len(other_logits))
+    j_split = first_split(base_toks[:n], other_toks[:n])
+    rows = n if j_split is None else j_split + 1  # row j_split itself still shares the prefix
+    diffs, ratios = [], []
+    for j in range(rows):
+        d = float(np.abs(np.asarray(other_logits[j], np.float64) - np.asarray(base_logits[j], np.float64)).max())
+        d = d if np.isfinite(d) else float("inf")
+        diffs.append(d)
+        ratios.append(d / float(bound[j]))
+    r = {"rows": rows, "diff": diffs, "max_diff": max(diffs) if diffs else 0.0,
+         "max_ratio": max(ratios) if ratios else 0.0, "tokens_equal": j_split is None, "first_split": j_split}
+    ok = all(x <= 1.0 for x in ratios)
+    if j_split is not None:
+        a, b = int(base_toks[j_split]), int(other_toks[j_split])
+        gap = abs(float(ref32[j_split][a]) - float(ref32[j_split][b]))
+        r["split_gap"], r["split_bound"] = gap, float(bound[j_split])
+        ok = ok and gap <= bound[j_split]
+    r["pass"] = bool(ok)
+    return r
+
+
+def own_argmax_check(logits, toks):
+    """Each chosen token must hold its row's maximum (ties allowed): the dumped row is what the
+    token was chosen from. Returns ok, worst shortfall max(row) - row[tok], and finiteness."""
+    import numpy as np
+    worst, bad = 0.0, []
+    finite = bool(np.isfinite(logits).all())
+    for j, t in enumerate(toks):
+        row = np.asarray(logits[j])
+        short = float(row.max() - row[int(t)])
+        if not np.isfinite(short) or short > 0:
+            bad.append(j)
+            worst = max(worst, short if np.isfinite(short) else float("inf"))
+    return {"ok": not bad and finite, "finite": finite, "bad_steps": bad[:10], "worst_shortfall": worst}
+
+
+def evaluate_sequence(prompt, run1, run_chunked, ref32, bf16, hf_toks, hf_topk=None, run_single=None):
+    """All checks of one sequence. run1 / run_chunked / run_single: (tokens, logits) of kern's
+    batch run, its chunked run and (for one sequence) the run of this prompt alone."""
+    toks, logits = run1
+    se = step_errors(logits, ref32, bf16)
+    j_worst = int(se["ratio"].argmax())
+    r = {
+        "prompt_len": len(prompt),
+        "steps": len(toks),
+        "e_kern": [float(x) for x in se["e_kern"]],
+        "e_bf16": [float(x) for x in se["e_bf16"]],
+        "ratio": [float(x) for x in se["ratio"]],
+        "max_ratio": float(se["ratio"].max()),
+        "worst_step": j_worst,
+        "max_e_kern": float(se["e_kern"].max()),
+        "max_e_bf16": float(se["e_bf16"].max()),
+        "mean_e_kern": float(se["e_kern"].mean()),
+        "mean_e_bf16": float(se["e_bf16"].mean()),
+    }
+    r["logits_pass"] = bool((se["ratio"] <= 1.0).all())
+    r["own_argmax"] = own_argmax_check(logits, toks)
+    if isinstance(hf_toks, str):  # transformers' generate failed: its error
+        r["greedy"] = {"pass": False, "first_split": None, "error": hf_toks}
+    else:
+        r["greedy"] = greedy_check(toks, hf_toks, ref32, se["bound"], kern_logits=logits, hf_topk=hf_topk)
+    if isinstance(run_chunked, str):  # the chunked kern run failed: its error
+        r["own_argmax_chunked"] = {"ok": False, "finite": None, "bad_steps": [], "error": run_chunked}
+        r["chunked"] = {"pass": False, "rows": 0, "max_diff": None, "max_ratio": None, "tokens_equal": False,
+                        "first_split": None, "error": run_chunked}
+    else:
+        ctoks, clogits = run_chunked
+        r["own_argmax_chunked"] = own_argmax_check(clogits, ctoks)
+        r["chunked"] = chunk_check(logits, toks, clogits, ctoks, ref32, se["bound"])
+    ok = [r["logits_pass"], r["own_argmax"]["ok"], r["greedy"]["pass"], r["own_argmax_chunked"]["ok"], r["chunked"]["pass"]]
+    if isinstance(run_single, str):
+        r["single"] = {"pass": False, "max_diff": None, "max_ratio": None, "first_split": None, "error": run_single}
+        ok.append(False)
+    elif run_single is not None:
+        stoks, slogits = run_single
+        r["own_argmax_single"] = own_argmax_check(slogits, stoks)
+        r["single"] = chunk_check(logits, toks, slogits, stoks, ref32, se["bound"])
+        ok += [r["single"]["pass"], r["own_argmax_single"]["ok"]]
+        if not isinstance(run_chunked, str):
+            # one chunk vs chunks of 16: the claim "several chunks give the logits of one"
+            r["single_vs_chunked"] = chunk_check(slogits, stoks, clogits, ctoks, ref32, se["bound"])
+            ok.append(r["single_vs_chunked"]["pass"])
+    r["pass"] = all(ok)
+    return r
+
+
+def summarize_shape(shape, prompts, seqs, rates, extra=None):
+    """One summary row (a dict) from the per-sequence results."""
+    worst = max(seqs, key=lambda s: s["max_ratio"])
+    greedy = []
+    for s in seqs:
+        g = s["greedy"]
+        greedy.append("err" if "error" in g else "=" if g["first_split"] is None and g["pass"] else
+                      ("short" if g["first_split"] is None else f"@{g['first_split']}{'ok' if g['pass'] else 'BAD'}"))
+    chunk_diffs = [s["chunked"]["max_diff"] for s in seqs]
+    for s in seqs:
+        for k in ("single", "single_vs_chunked"):
+            if k in s:
+                chunk_diffs.append(s[k]["max_diff"])
+    chunk_max = None if any(d is None for d in chunk_diffs) else max(chunk_diffs)
+    row = {
+        "shape": shape,
+        "prompts": "/".join(str(len(p)) for p in prompts),
+        "steps": min(s["steps"] for s in seqs),
+        "worst_ratio": worst["max_ratio"],
+        "worst_at": f"seq{seqs.index(worst)} step {worst['worst_step']}",
+        "max_e_kern": max(s["max_e_kern"] for s in seqs),
+        "max_e_bf16": max(s["max_e_bf16"] for s in seqs),
+        "greedy": ",".join(greedy),
+        "chunked_max_diff": chunk_max,
+        "chunked_tokens_equal": all(s["chunked"]["tokens_equal"] for s in seqs),
+        "decode_tok_s": rates.get("decode"),
+        "prefill_tok_s": rates.get("prefill"),
+        "pass": all(s["pass"] for s in seqs),
+    }
+    fails = []
+    for i, s in enumerate(seqs):
+        for k in ("logits_pass",):
+            if not s[k]:
+                fails.append(f"seq{i}: e_kern > bound (worst ratio {s['max_ratio']:.3f} at step {s['worst_step']})")
+        for k in ("own_argmax", "own_argmax_chunked", "own_argmax_single"):
+            if k in s and not s[k]["ok"] and "error" not in s[k]:
+                fails.append(f"seq{i}: {k}: finite={s[k]['finite']} bad steps {s[k]['bad_steps']}")
+        if not s["greedy"]["pass"]:
+            fails.append(f"seq{i}: greedy {json.dumps(s['greedy'])}")
+        for k in ("chunked", "single", "single_vs_chunked"):
+            if k in s and not s[k]["pass"]:
+                c = s[k]
+                if "error" in c:
+                    fails.append(f"seq{i}: {k}: {c['error']}")
+                else:
+                    fails.append(f"seq{i}: {k}: max diff {c['max_diff']:.4g} (ratio {c['max_ratio']:.3f}), first split {c['first_split']}")
+    row["failures"] = fails
+    if extra:
+        row.update(extra)
+    return row
+
+
+def fmt(x, spec=".4f"):
+    if x is None:
+        return "?"
+    if isinstance(x, float):
+        return format(x, spec)
+    return str(x)
+
+
+TABLE_COLS = [("shape", 13), ("prompts", 14), ("steps", 5), ("worst e/bound", 13), ("max e_kern", 10),
+              ("max e_bf16", 10), ("greedy (split@)", 22), ("chunked max diff", 16), ("decode tok/s", 12), ("result", 6)]
+
+
+def table_line(row):
+    if row.get("error"):
+        cells = [row["shape"], "-", "-", "-", "-", "-", "-", "-", "-", "FAIL"]
+    else:
+        cells = [row["shape"], row["prompts"], str(row["steps"]), fmt(row["worst_ratio"], ".3f"),
+                 fmt(row["max_e_kern"]), fmt(row["max_e_bf16"]), row["greedy"],
+                 fmt(row["chunked_max_diff"], ".3g"), fmt(row["decode_tok_s"], ".1f"), "PASS" if row["pass"] else "FAIL"]
+    return " | ".join(c.ljust(w) for c, (_, w) in zip(cells, TABLE_COLS))
+
+
+def format_table(rows):
+    head = " | ".join(n.ljust(w) for n, w in TABLE_COLS)
+    out = [head, "-" * len(head)]
+    out += [table_line(r) for r in rows]
+    for r in rows:
+        if r.get("error"):
+            out.append(f"  {r['shape']}: ERROR {r['error']}")
+        for f in r.get("failures", [])[:8]:
+            out.append(f"  {r['shape']}: {f}")
+    return "\n".join(out)
+
+
+# ============================================================================ kern's side
+_RATE = re.compile(r"([0-9][0-9,_]*(?:\.[0-9]+)?)\s*(k?)\s*tok(?:en)?s?\s*/\s*s", re.I)
+
+
+def parse_rates(text):
+    """{'prefill': tok/s, 'decode': tok/s} from kern's stderr: each 'N tok/s' (or tokens/s,
+    k tok/s) belongs to the nearest 'prefill' / 'decode' before it on its line."""
+    rates = {}
+    for line in text.splitlines():
+        low = line.lower()
+        for m in _RATE.finditer(line):
+            before = low[:m.start()]
+            kw = max(("prefill", "decode"), key=lambda k: before.rfind(k))
+            if before.rfind(kw) < 0:
+                continue
+            v = float(m.group(1).replace(",", "").replace("_", ""))
+            rates[kw] = v * (1000.0 if m.group(2) else 1.0)
+    return rates
+
+
+def read_dump(dump_dir, prompts, steps, vocab):
+    """kern's --dump: (tokens per sequence, logits [steps, vocab] float32 per sequence),
+    checked against the prompts it was given and the step count."""
+    import numpy as np
+    with open(os.path.join(dump_dir, "tokens.json")) as f:
+        t = json.load(f)
+    got_prompts = [[int(x) for x in p] for p in t["prompts"]]
+    if got_prompts != [list(map(int, p)) for p in prompts]:
+        raise ValueError(f"{dump_dir}/tokens.json: prompts differ from the ones given "
+                         f"(lengths {[len(p) for p in got_prompts]} vs {[len(p) for p in prompts]})")
+    outs = [[int(x) for x in o] for o in t["outputs"]]
+    if len(outs) != len(prompts):
+        raise ValueError(f"{dump_dir}/tokens.json: {len(outs)} outputs for {len(prompts)} prompts")
+    logits = []
+    for i, o in enumerate(outs):
+        if len(o) != steps:
+            raise ValueError(f"{dump_dir}: sequence {i} generated {len(o)} tokens, expected {steps} (--ignore-eos)")
+        a = np.load(os.path.join(dump_dir, f"seq{i}.logits.npy"))
+        if a.shape != (steps, vocab):
+            raise ValueError(f"{dump_dir}/seq{i}.logits.npy: shape {a.shape}, expected {(steps, vocab)}")
+        logits.append(np.asarray(a, dtype=np.float32))
+    return outs, logits
+
+
+class Kern:
+    def __init__(self, exe, timeout, logdir, outlogdir=None):
+        self.exe, self.timeout, self.logdir, self.outlogdir = exe, timeout, logdir, outlogdir
+
+    def __call__(self, name, argv, show_tail=0):
+        cmd = [self.exe] + [str(a) for a in argv]
+        shown = " ".join(c if len(c) <= 60 else f"{c[:40]}...({c.count(',') + 1} ids)" for c in cmd)
+        log(f"  $ {shown}")
+        t = time.time()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout)
+        except subprocess.TimeoutExpired as e:
+            self._save(name, cmd, (e.stdout or b""), (e.stderr or b""), "timeout")
+            raise RuntimeError(f"kern {argv[0]} ({name}) ran past --timeout {self.timeout} s")
+        dt = time.time() - t
+        self._save(name, cmd, p.stdout, p.stderr, p.returncode)
+        if p.returncode != 0:
+            tail = "\n".join((p.stderr or "").strip().splitlines()[-15:])
+            raise RuntimeError(f"kern {argv[0]} ({name}) exited {p.returncode} after {dt:.1f} s:\n{tail}")
+        if show_tail:
+            for line in (p.stderr or "").strip().splitlines()[-show_tail:]:
+                log(f"    | {line[:200]}")
+        log(f"    ({dt:.1f} s)")
+        return p.stderr or "", dt
+
+    def _save(self, name, cmd, out, err, rc):
+        out = out.decode(errors="replace") if isinstance(out, bytes) else out
+        err = err.decode(errors="replace") if isinstance(err, bytes) else err
+        text = f"$ {' '.join(cmd)}\nexit: {rc}\n--- stdout\n{out}\n--- stderr\n{err}\n"
+        for d in (self.logdir, self.outlogdir):
+            if d:
+                os.makedirs(d, exist_ok=True)
+                with open(os.path.join(d, f"{name}.log"), "w") as f:
+                    f.write(text)
+
+
+def make_prompts(lengths, seed):
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return [[int(x) for x in rng.integers(0, PROMPT_ID_MAX, size=n)] for n in lengths]
+
+
+def gen_args(model_dir, prompts, steps, dump, chunk=None, extra=()):
+    a = ["generate", "--model", model_dir]
+    for p in prompts:
+        a += ["--prompt-ids", ",".join(map(str, p))]
+    a += ["--max-tokens", steps, "--temperature", "0", "--ignore-eos", "--dump", dump]
+    if chunk:
+        a += ["--chunk", chunk]
+    return a + list(extra)
+
+
+# ============================================================================ transformers' side
+def torch_setup(device):
+    import torch
+    try:
+        torch.set_float32_matmul_precision("highest")  # ref32 is real fp32: no TF32
+    except Exception as e:  # noqa: BLE001
+        log(f"  (set_float32_matmul_precision: {e})")
+    info = {"torch": torch.__version__, "device": device}
+    try:
+        import transformers
+        info["transformers"] = transformers.__version__
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+    except Exception:  # noqa: BLE001
+        pass
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["fp32_matmul_precision"] = torch.get_float32_matmul_precision()
+        info["bf16_reduced_precision_reduction"] = bool(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction)
+    return info
+
+
+def load_hf(model_dir, dtype, device, attn):
+    """AutoModelForCausalLM from the directory kern also loads; refuses missing or unexpected
+    weights (a randomly initialized tensor would make the whole comparison meaningless) and
+    spot-checks two tensors against the safetensors files."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    t = time.time()
+    model, info = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn,
+                                                       output_loading_info=True)
+    missing = set(info.get("missing_keys") or ()) - ({"lm_head.weight"} if model.config.tie_word_embeddings else set())
+    if missing or info.get("unexpected_keys") or info.get("mismatched_keys"):
+        raise RuntimeError(f"transformers did not load the checkpoint cleanly: {info}")
+    model = model.to(device).eval()
+    for name in ("model.norm.weight", "model.layers.0.self_attn.q_proj.weight"):
+        want = read_tensor(model_dir, name).to(device=device, dtype=dtype)
+        got = model.get_parameter(name)
+        if not torch.equal(got.detach(), want):
+            raise RuntimeError(f"transformers' {name} differs from the safetensors file")
+    return model, time.time() - t
+
+
+def read_tensor(model_dir, name):
+    from safetensors import safe_open
+    idx = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(idx):
+        with open(idx) as f:
+            fname = json.load(f)["weight_map"][name]
+    else:
+        fname = "model.safetensors"
+    with safe_open(os.path.join(model_dir, fname), framework="pt") as f:
+        return f.get_tensor(name)
+
+
+def teacher_forced(model, prompts, gen_toks, device):
+    """Rows [n, vocab] float32 per sequence: the logits at positions len(prompt)-1+j, j < n,
+    of one forward over prompt + gen[:n-1] (no cache), i.e. the logits that choose gen[j]."""
+    import torch
+    rows = []
+    with torch.inference_mode():
+        for p, g in zip(prompts, gen_toks):
+            n = len(g)
+            ids = torch.tensor([list(p) + list(g[:n - 1])], device=device)
+            logits = model(input_ids=ids, use_cache=False).logits
+            assert logits.shape[1] == len(p) + n - 1, logits.shape
+            rows.append(logits[0, len(p) - 1:len(p) - 1 + n].float().cpu().numpy())
+            del logits
+    return rows
+
+
+def hf_greedy(model, prompts, steps, device):
+    """transformers' own greedy generation with its KV cache, one prompt at a time. EOS is
+    neither a stop nor masked (eos_token_id=None), as kern's --ignore-eos. Also returns, per
+    step, the top-k ids of transformers' raw logits, and whether each token is their argmax."""
+    import torch
+    gc = model.generation_config
+    gc.eos_token_id = None
+    gc.pad_token_id = PROMPT_ID_MAX
+    toks, topk, consistent = [], [], True
+    with torch.inference_mode():
+        for p in prompts:
+            ids = torch.tensor([p], device=device)
+            o = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=steps,
+                               output_logits=True, return_dict_in_generate=True)
+            t = [int(x) for x in o.sequences[0, len(p):].tolist()]
+            tk = [[int(x) for x in torch.topk(l[0].float(), TOPK).indices.tolist()] for l in o.logits]
+            am = [int(l[0].float().argmax()) for l in o.logits]
+            consistent = consistent and am[:len(t)] == t
+            toks.append(t)
+            topk.append(tk)
+            del o
+    return toks, topk, consistent
+
+
+def free_cuda():
+    import gc
+    gc.collect()
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def hf_side(model_dir, prompts, kern_toks, steps, device, attn):
+    """ref32 rows, bf16 rows, HF bf16 greedy tokens + top-k, and timings. One model on the GPU
+    at a time (fp32 first), freed before returning."""
+    import torch
+    out = {}
+    m, t = load_hf(model_dir, torch.float32, device, attn)
+    out["attn_implementation"] = m.config._attn_implementation
+    out["rope"] = str(getattr(m.config, "rope_parameters", None))
+    out["load_fp32_s"] = round(t, 2)
+    t = time.time()
+    out["ref32"] = teacher_forced(m, prompts, kern_toks, device)
+    out["fp32_forward_s"] = round(time.time() - t, 2)
+    del m
+    free_cuda()
+    m, t = load_hf(model_dir, torch.bfloat16, device, attn)
+    out["load_bf16_s"] = round(t, 2)
+    t = time.time()
+    out["bf16"] = teacher_forced(m, prompts, kern_toks, device)
+    out["bf16_forward_s"] = round(time.time() - t, 2)
+    t = time.time()
+    try:
+        out["hf_toks"], out["hf_topk"], out["hf_argmax_consistent"] = hf_greedy(m, prompts, steps, device)
+    except Exception as e:  # noqa: BLE001 -- the logits parity still stands; greedy FAILs with this
+        traceback.print_exc()
+        out["hf_toks"], out["hf_topk"], out["hf_argmax_consistent"] = f"transformers generate: {type(e).__name__}: {e}"[:400], None, True
+    out["hf_generate_s"] = round(time.time() - t, 2)
+    del m
+    free_cuda()
+    return out
+
+
+# ============================================================================ one shape
+def run_shape(shape, a, kern, prompts, shape_dir):
+    t0 = time.time()
+    model_dir = os.path.join(shape_dir, "model")
+    shutil.rmtree(shape_dir, ignore_errors=True)
+    os.makedirs(shape_dir)
+    rw = ["random-weights", "--preset", shape, "-o", model_dir, "--seed", a.seed]
+    if a.layers:
+        rw += ["--layers", a.layers]
+    kern(f"{shape}.random-weights", rw)
+    kern(f"{shape}.pack", ["pack", "--config", os.path.join(model_dir, "config.json"), "-o", model_dir,
+                           "--kernels", a.kernels, "--max-tokens", a.pack_max_tokens, "--max-seqs", a.max_seqs,
+                           "--max-context", a.max_context])
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    vocab = int(cfg["vocab_size"])
+    t_prep = time.time() - t0
+
+    d1, d2, d3 = (os.path.join(shape_dir, x) for x in ("dump", "dump-chunk16", "dump-single"))
+    err1, _ = kern(f"{shape}.generate", gen_args(model_dir, prompts, a.steps, d1, extra=a.kern_arg), show_tail=6)
+    rates = parse_rates(err1)
+    run1 = read_dump(d1, prompts, a.steps, vocab)
+    n2 = min(4, a.steps)
+
+    def side_run(name, ps, d, chunk=None, tail=0):
+        """A chunked-prefill run; its failure fails the chunked check, not the whole shape."""
+        try:
+            kern(f"{shape}.{name}", gen_args(model_dir, ps, n2, d, chunk=chunk, extra=a.kern_arg), show_tail=tail)
+            return read_dump(d, ps, n2, vocab)
+        except Exception as e:  # noqa: BLE001
+            msg = " / ".join(x.strip() for x in str(e).splitlines() if x.strip())[:400]
+            log(f"  {name} FAILED: {type(e).__name__}: {msg}")
+            return f"{type(e).__name__}: {msg}"
+
+    run2 = side_run("generate-chunk16", prompts, d2, chunk=16, tail=3)
+    i_long = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+    single = None
+    if len(prompts[i_long]) <= a.pack_max_tokens:
+        single = side_run("generate-single", [prompts[i_long]], d3)
+    t_kern = time.time() - t0 - t_prep
+    log(f"  kern tokens (first 8 of each): {[o[:8] for o in run1[0]]}")
+
+    t = time.time()
+    hf = hf_side(model_dir, prompts, run1[0], a.steps, a.device, a.attn)
+    t_hf = time.time() - t
+    log(f"  transformers: attn={hf['attn_implementation']} rope={hf['rope']} load fp32 {hf['load_fp32_s']} s, "
+        f"bf16 {hf['load_bf16_s']} s; generate {hf['hf_generate_s']} s")
+
+    seqs = []
+    for i, p in enumerate(prompts):
+        s1 = None
+        if single is not None and i == i_long:
+            s1 = single if isinstance(single, str) else (single[0][0], single[1][0])
+        r2 = run2 if isinstance(run2, str) else (run2[0][i], run2[1][i])
+        hf_t = hf["hf_toks"] if isinstance(hf["hf_toks"], str) else hf["hf_toks"][i]
+        hf_k = None if isinstance(hf["hf_toks"], str) else hf["hf_topk"][i]
+        r = evaluate_sequence(p, (run1[0][i], run1[1][i]), r2, hf["ref32"][i], hf["bf16"][i], hf_t, hf_k, run_single=s1)
+        r["kern_tokens"] = run1[0][i]
+        r["hf_tokens"] = hf_t
+        seqs.append(r)
+        g = r["greedy"]
+        split = g["error"] if "error" in g else "none" if g["first_split"] is None else f"step {g['first_split']} (gap {g['gap']:.4f} vs bound {g['bound']:.4f}, top{TOPK} mutual {g.get('topk_mutual')})"
+        log(f"  seq{i} len {len(p):4d}: max e_kern {r['max_e_kern']:.4f}  max e_bf16 {r['max_e_bf16']:.4f}  "
+            f"mean {r['mean_e_kern']:.4f}/{r['mean_e_bf16']:.4f}  worst ratio {r['max_ratio']:.3f} @ step {r['worst_step']}  "
+            f"greedy split: {split}  chunked diff {fmt(r['chunked']['max_diff'], '.3g')}"
+            + (f"  single-chunk diff {fmt(r['single']['max_diff'], '.3g')} / vs chunked "
+               f"{fmt(r.get('single_vs_chunked', {}).get('max_diff'), '.3g')}" if "single" in r else "")
+            + ("" if r["pass"] else "  FAIL"))
+    extra = {"timings_s": {"prepare": round(t_prep, 1), "kern": round(t_kern, 1), "transformers": round(t_hf, 1),
+                           "total": round(time.time() - t0, 1)},
+             "hf": {k: v for k, v in hf.items() if k not in ("ref32", "bf16", "hf_toks", "hf_topk")},
+             "kern_stderr_tail": err1.strip().splitlines()[-10:], "layers": cfg.get("num_hidden_layers"),
+             "seqs": seqs}
+    if not hf["hf_argmax_consistent"]:
+        log("  note: a transformers greedy token is not the argmax of its raw logits (a logits processor acted)")
+    del hf
+    free_cuda()
+    return summarize_shape(shape, prompts, seqs, rates, extra)
+
+
+class NotStarted(Exception):
+    """A shape not started (time budget): it FAILs, without a traceback."""
+
+
+def run_all(shapes, one):
+    """Runs one(shape) for every shape; an exception fails that shape only."""
+    rows = []
+    for s in shapes:
+        log(f"\n== {s}")
+        t = time.time()
+        try:
+            row = one(s)
+        except Exception as e:  # noqa: BLE001
+            if not isinstance(e, NotStarted):
+                traceback.print_exc()
+            sys.stdout.flush()
+            msg = " / ".join(x.strip() for x in str(e).splitlines() if x.strip())
+            row = {"shape": s, "pass": False, "error": f"{type(e).__name__}: {msg[:400]}"}
+        row.setdefault("timings_s", {})["wall"] = round(time.time() - t, 1)
+        log(table_line(row) if not row.get("error") else f"{s}: FAIL ({row['error']})")
+        rows.append(row)
+        yield rows
+
+
+def write_json(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--kern", default=".carry/kern", help="the kern binary (default .carry/kern)")
+    ap.add_argument("--kernels", default="build/packs/qwen3", help="the pack's built kernels, for kern pack")
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated, of {', '.join(SHAPES)}")
+    ap.add_argument("--steps", type=int, default=64, help="greedy tokens per sequence (default 64)")
+    ap.add_argument("--lengths", default="5,37,120,251", help="prompt lengths (default 5,37,120,251)")
+    ap.add_argument("--seed", type=int, default=1, help="weights and prompts seed")
+    ap.add_argument("--layers", type=int, default=int(os.environ.get("PARITY_LAYERS", "0")) or None,
+                    help="override the layer count (smoke runs; env PARITY_LAYERS); default: the real counts")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per kern call (default 300)")
+    ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="transformers' attention (default sdpa)")
+    ap.add_argument("--device", default="cuda", help="torch device for transformers (default cuda)")
+    ap.add_argument("--work", default="/tmp/kern-parity", help="weights, manifests and dumps (not $OUT)")
+    ap.add_argument("--keep", action="store_true", help="keep the weights and dumps under --work")
+    ap.add_argument("--budget", type=int, default=480,
+                    help="start no new shape after this many seconds (0: no limit; default 480, for a 10-minute device call)")
+    ap.add_argument("--kern-arg", action="append", default=[],
+                    help="extra argument for every `kern generate` (repeatable, e.g. --kern-arg=--gpu-mem --kern-arg=40GiB)")
+    ap.add_argument("--pack-max-tokens", type=int, default=256)
+    ap.add_argument("--max-seqs", type=int, default=8)
+    ap.add_argument("--max-context", type=int, default=1024)
+    ap.add_argument("--selftest", action="store_true", help="check the comparison logic on synthetic data (CPU, numpy)")
+    a = ap.parse_args(argv)
+    if a.selftest:
+        return selftest()
+
+    shapes = [s.strip() for s in a.shapes.split(",") if s.strip()]
+    bad = [s for s in shapes if s not in SHAPES]
+    lengths = [int(x) for x in a.lengths.split(",") if x.strip()]
+    problems = []
+    if bad:
+        problems.append(f"unknown shapes {bad}; known: {', '.join(SHAPES)}")
+    if not os.path.isfile(a.kern) or not os.access(a.kern, os.X_OK):
+        problems.append(f"--kern {a.kern}: not an executable file")
+    if not os.path.isdir(a.kernels):
+        problems.append(f"--kernels {a.kernels}: no such directory")
+    if len(lengths) > a.max_seqs or any(n < 1 for n in lengths):
+        problems.append(f"--lengths {lengths}: 1..{a.max_seqs} positive lengths")
+    if lengths and max(lengths) + a.steps > a.max_context:
+        problems.append(f"longest prompt {max(lengths)} + {a.steps} steps > --max-context {a.max_context}")
+    if a.steps < 1:
+        problems.append("--steps must be positive")
+    if problems:
+        for p in problems:
+            print(f"parity.py: {p}", file=sys.stderr)
+        return 2
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    out_dir = os.environ.get("OUT")
+    t_start = time.time()
+    env = torch_setup(a.device)
+    env.update(kern=os.path.abspath(a.kern), kernels=a.kernels, attn=a.attn, seed=a.seed, steps=a.steps,
+               lengths=lengths, layers=a.layers or "real", rule=f"e_kern <= {REL} * e_bf16 + {ABS}")
+    log(f"parity: {json.dumps(env)}")
+    prompts = make_prompts(lengths, a.seed)
+    kern = Kern(a.kern, a.timeout, os.path.join(a.work, "logs"), os.path.join(out_dir, "parity-logs") if out_dir else None)
+
+    def one(shape):
+        if a.budget and time.time() - t_start > a.budget:
+            raise NotStarted(f"not started: {time.time() - t_start:.0f} s elapsed > --budget {a.budget} s "
+                             f"(run it alone: --shapes {shape})")
+        d = os.path.join(a.work, shape)
+        try:
+            return run_shape(shape, a, kern, prompts, d)
+        finally:
+            free_cuda()
+            if not a.keep:
+                shutil.rmtree(d, ignore_errors=True)
+
+    rows = []
+    for rows in run_all(shapes, one):
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+            write_json(os.path.join(out_dir, "parity.json"),
+                       {"env": env, "prompts": prompts, "shapes": rows, "elapsed_s": round(time.time() - t_start, 1)})
+    ok = all(r["pass"] for r in rows) and len(rows) == len(shapes)
+    summary = (f"== parity of kern generate vs transformers ({env.get('transformers', '?')}, attn {a.attn}, "
+               f"{env.get('gpu', a.device)}), rule e_kern <= {REL} e_bf16 + {ABS}, {a.steps} steps, "
+               f"{time.time() - t_start:.0f} s\n{format_table(rows)}\n\nparity: {'PASS' if ok else 'FAIL'}")
+    log("\n" + summary + (f" (numbers in {out_dir}/parity.json)" if out_dir else ""))
+    if out_dir:
+        with open(os.path.join(out_dir, "parity.txt"), "w") as f:
+            f.write(summary + "\n")
+    return 0 if ok else 1
+
+
+# ============================================================================ selftest
+def selftest():
+    """The comparison logic on synthetic numpy arrays: no torch, no GPU, no kern."""
+    import tempfile
+    import numpy as np
+    rng = np.random.default_rng(0)
+    n_ok = n_bad = 0
+
+    def check(name, cond):
+        nonlocal n_ok, n_bad
+        if cond:
+            n_ok += 1
+        else:
+            n_bad += 1
+            print(f"selftest FAIL: {name}")
+
+    V, N = 1000, 8
+    ref = rng.standard_normal((N, V)).astype(np.float32)
+    bf = ref + rng.uniform(-0.03, 0.03, (N, V)).astype(np.float32)
+    kern = ref + rng.uniform(-0.02, 0.02, (N, V)).astype(np.float32)
+
+    # step errors and the bound
+    se = step_errors(kern, ref, bf)
+    check("errors are per step", se["e_kern"].shape == (N,))
+    check("small kern error passes", (se["ratio"] <= 1).all())
+    want = np.abs(kern.astype(np.float64) - ref).max(axis=1)
+    check("e_kern is max abs over vocab", np.allclose(se["e_kern"], want))
+    check("bound is 1.5 e_bf16 + 0.01", np.allclose(se["bound"], 1.5 * np.abs(bf.astype(np.float64) - ref).max(axis=1) + 0.01))
+    k2 = kern.copy()
+    k2[5, 17] += 1.0
+    se2 = step_errors(k2, ref, bf)
+    check("one bad logit fails its step only", (se2["ratio"] > 1).tolist() == [j == 5 for j in range(N)])
+    # exact boundary: e_kern == bound passes, just above fails (values exact in float64)
+    r0 = np.zeros((1, 4))
+    b0 = np.array([[0.0, 0.25, 0.0, 0.0]])
+    check("at the bound passes", step_errors(np.array([[0.385, 0, 0, 0]]), r0, b0)["ratio"][0] <= 1.0)
+    check("above the bound fails", step_errors(np.array([[0.3851, 0, 0, 0]]), r0, b0)["ratio"][0] > 1.0)
+    check("zero bf16 error leaves 0.01", step_errors(np.array([[0.0099, 0, 0, 0]]), r0, r0)["ratio"][0] <= 1.0
+          and step_errors(np.array([[0.0101, 0, 0, 0]]), r0, r0)["ratio"][0] > 1.0)
+    kn = kern.copy()
+    kn[2, 3] = np.nan
+    check("NaN fails", step_errors(kn, ref, bf)["ratio"][2] == np.inf)
+    try:
+        step_errors(kern[:, :10], ref, bf)
+        check("shape mismatch raises", False)
+    except ValueError:
+        check("shape mismatch raises", True)
+
+    # greedy
+    toks = [int(x) for x in kern.argmax(axis=1)]
+    g = greedy_check(toks, list(toks), ref, se["bound"])
+    check("equal streams pass", g["pass"] and g["first_split"] is None)
+    g = greedy_check(toks, toks[:5], ref, se["bound"])
+    check("short hf stream fails", not g["pass"] and g["first_split"] is None)
+    # a split where the two tokens' ref32 logits are close
+    ref_s = ref.copy()
+    alt = (toks[3] + 1) % V
+    ref_s[3, alt] = ref_s[3, toks[3]] - 0.005
+    hf = toks[:3] + [alt] + [7] * (N - 4)
+    g = greedy_check(toks, hf, ref_s, se["bound"])
+    check("close split passes", g["pass"] and g["first_split"] == 3 and abs(g["gap"] - 0.005) < 1e-6)
+    ref_s[3, alt] = ref_s[3, toks[3]] - 0.5
+    g = greedy_check(toks, hf, ref_s, se["bound"])
+    check("far split fails", not g["pass"] and g["first_split"] == 3)
+    # top-k report
+    kl = kern.copy()
+    kl[3, alt] = kl[3, toks[3]] - 1e-3
+    hf_topk = [[t] + [0, 1, 2, 4] for t in hf]
+    hf_topk[3] = [alt, toks[3], 0, 1, 2]
+    g = greedy_check(toks, hf, ref_s, se["bound"], kern_logits=kl, hf_topk=hf_topk)
+    check("top-k mutual reported", g.get("topk_mutual") is True)
+
+    # chunked: identical run, tiny diff, token split
+    c = chunk_check(kern[:4], toks[:4], kern[:4].copy(), toks[:4], ref, se["bound"])
+    check("identical chunked run: diff 0, pass", c["pass"] and c["max_diff"] == 0.0 and c["tokens_equal"] and c["rows"] == 4)
+    k3 = kern[:4].copy()
+    k3[1] += 1e-4
+    c = chunk_check(kern[:4], toks[:4], k3, toks[:4], ref, se["bound"])
+    check("tiny chunked diff passes", c["pass"] and abs(c["max_diff"] - 1e-4) < 1e-6)
+    k3[2, 0] += 5.0
+    c = chunk_check(kern[:4], toks[:4], k3, toks[:4], ref, se["bound"])
+    check("large chunked diff fails", not c["pass"])
+    t3 = toks[:4]
+    t3b = t3[:1] + [(t3[1] + 1) % V] + [0, 0]
+    big = kern[:4].copy()
+    big[2:] += 10.0  # rows after the split are not comparable and must be ignored
+    ref_c = ref.copy()
+    ref_c[1, t3b[1]] = ref_c[1, t3[1]]  # the split tokens tie in ref32
+    c = chunk_check(kern[:4], t3, big, t3b, ref_c, se["bound"])
+    check("rows after a token split are not compared", c["pass"] and c["rows"] == 2 and c["first_split"] == 1)
+    ref_c[1, t3b[1]] = ref_c[1, t3[1]] - 1.0
+    c = chunk_check(kern[:4], t3, big, t3b, ref_c, se["bound"])
+    check("chunked token split far apart in ref32 fails", not c["pass"])
+
+    # own argmax
+    check("own argmax ok", own_argmax_check(kern, toks)["ok"])
+    tie = kern.copy()
+    tie[0, 999] = tie[0, toks[0]]
+    check("ties are fine", own_argmax_check(tie, toks)["ok"])
+    wrong = list(toks)
+    wrong[6] = (wrong[6] + 1) % V
+    o = own_argmax_check(kern, wrong)
+    check("a token that is not the row max fails", not o["ok"] and o["bad_steps"] == [6])
+    check("NaN logits fail own argmax", not own_argmax_check(kn, toks)["ok"])
+
+    # rates from kern's stderr
+    check("rates: one line", parse_rates("prefill 413 tokens in 0.03 s (13766.7 tok/s), decode 256 tokens in 0.5 s (512.0 tok/s)")
+          == {"prefill": 13766.7, "decode": 512.0})
+    check("rates: separate lines, tokens/s, commas", parse_rates("load 1.2 s\nprefill: 12,345 tokens/s\ndecode: 1,234.5 tokens/s (4 seqs)\n")
+          == {"prefill": 12345.0, "decode": 1234.5})
+    check("rates: k tok/s", parse_rates("decode 64 steps x 4 seqs: 2.5 k tok/s") == {"decode": 2500.0})
+    check("rates: none", parse_rates("no numbers here 5 tok/s") == {})
+
+    # prompts
+    p = make_prompts([5, 37, 120, 251], 1)
+    check("prompts: lengths, range, seeded", [len(x) for x in p] == [5, 37, 120, 251]
+          and all(0 <= t < PROMPT_ID_MAX for x in p for t in x) and p == make_prompts([5, 37, 120, 251], 1)
+          and p != make_prompts([5, 37, 120, 251], 2))
+    a = gen_args("M", [[1, 2], [3]], 64, "D", chunk=16)
+    check("generate argv", a == ["generate", "--model", "M", "--prompt-ids", "1,2", "--prompt-ids", "3", "--max-tokens", 64,
+                                 "--temperature", "0", "--ignore-eos", "--dump", "D", "--chunk", 16])
+
+    # end to end through the files kern writes: a passing and a failing shape, and an exception
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts = [[int(x) for x in rng.integers(0, PROMPT_ID_MAX, n)] for n in (5, 37, 120, 251)]
+        steps, vocab = 6, 500
+
+        def fake_model(i, s):
+            r = np.random.default_rng([i, s])
+            return r.standard_normal((steps, vocab)).astype(np.float32)
+
+        def write_dump(d, logits_list, n, ps, bad_prompt=False):
+            os.makedirs(d)
+            outs = [[int(x) for x in l[:n].argmax(axis=1)] for l in logits_list]
+            pp = [list(x) for x in ps]
+            if bad_prompt:
+                pp[0] = pp[0][:-1]
+            with open(os.path.join(d, "tokens.json"), "w") as f:
+                json.dump({"prompts": pp, "outputs": outs}, f)
+            for i, l in enumerate(logits_list):
+                np.save(os.path.join(d, f"seq{i}.logits.npy"), l[:n])
+            return outs
+
+        def shape_result(name, kern_noise, seed):
+            refs = [fake_model(i, seed) for i in range(4)]
+            r2 = np.random.default_rng(seed + 100)
+            bf16s = [x + r2.uniform(-0.02, 0.02, x.shape).astype(np.float32) for x in refs]
+            kerns = [x + r2.uniform(-kern_noise, kern_noise, x.shape).astype(np.float32) for x in refs]
+            d1, d2 = os.path.join(tmp, name, "d1"), os.path.join(tmp, name, "d2")
+            write_dump(d1, kerns, steps, prompts)
+            write_dump(d2, [k + 1e-6 for k in kerns], 4, prompts)
+            run1 = read_dump(d1, prompts, steps, vocab)
+            run2 = read_dump(d2, prompts, 4, vocab)
+            seqs = []
+            for i in range(4):
+                seqs.append(evaluate_sequence(prompts[i], (run1[0][i], run1[1][i]), (run2[0][i], run2[1][i]), refs[i],
+                                              bf16s[i], run1[0][i], hf_topk=None,
+                                              run_single=(run2[0][i], run2[1][i]) if i == 3 else None))
+            return summarize_shape(name, prompts, seqs, parse_rates("decode 100.0 tok/s"))
+
+        # a failed chunked run / transformers generate fails those checks, the logits parity stands
+        refs = [fake_model(0, 9)]
+        rr = evaluate_sequence(prompts[0], (list(refs[0].argmax(axis=1)), refs[0]), "RuntimeError: boom", refs[0],
+                               refs[0] + 0.01, "transformers generate: TypeError: x", None, run_single="RuntimeError: boom2")
+        ss = summarize_shape("errs", prompts[:1], [rr], {})
+        check("side-run errors fail with their messages", rr["logits_pass"] and not rr["pass"] and ss["greedy"] == "err"
+              and ss["chunked_max_diff"] is None and any("boom2" in f for f in ss["failures"])
+              and any("TypeError" in f for f in ss["failures"]) and "?" in table_line(ss))
+
+        good = shape_result("good", 0.01, 1)
+        bad = shape_result("bad", 0.2, 2)
+        check("good shape passes", good["pass"] and good["worst_ratio"] <= 1 and good["greedy"] == "=,=,=,=")
+        check("chunked diff ~1e-6", 0 < good["chunked_max_diff"] < 1e-5 and good["chunked_tokens_equal"])
+        check("bad shape fails with reasons", not bad["pass"] and bad["worst_ratio"] > 1 and bad["failures"])
+        check("decode rate in row", good["decode_tok_s"] == 100.0)
+        # dump validation
+        d = os.path.join(tmp, "badprompt")
+        write_dump(d, [fake_model(i, 3) for i in range(4)], steps, prompts, bad_prompt=True)
+        try:
+            read_dump(d, prompts, steps, vocab)
+            check("prompt mismatch is caught", False)
+        except ValueError:
+            check("prompt mismatch is caught", True)
+        d = os.path.join(tmp, "short")
+        write_dump(d, [fake_model(i, 3) for i in range(4)], steps - 1, prompts)
+        try:
+            read_dump(d, prompts, steps, vocab)
+            check("short output is caught", False)
+        except ValueError:
+            check("short output is caught", True)
+        try:
+            read_dump(os.path.join(tmp, "good", "d1"), prompts, steps, vocab + 1)
+            check("vocab mismatch is caught", False)
+        except ValueError:
+            check("vocab mismatch is caught", True)
+
+        def one(s):
+            if s == "boom":
+                raise RuntimeError("kern generate (x) exited 1 after 0.1 s:\nerror: something")
+            return good if s == "good" else bad
+
+        import contextlib
+        import io
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            rows = list(run_all(["good", "boom", "bad"], one))[-1]
+        check("an exception fails one shape, the others run", [r["shape"] for r in rows] == ["good", "boom", "bad"]
+              and [r["pass"] for r in rows] == [True, False, False] and "RuntimeError" in rows[1]["error"]
+              and "error: something" in rows[1]["error"] and "Traceback" in buf.getvalue())
+        buf2 = io.StringIO()
+        with contextlib.redirect_stdout(buf2), contextlib.redirect_stderr(buf2):
+            rows2 = list(run_all(["late"], lambda s: (_ for _ in ()).throw(NotStarted("not started: budget"))))[-1]
+        check("a shape past the budget fails without a traceback", not rows2[0]["pass"] and "Traceback" not in buf2.getvalue())
+        table = format_table(rows)
+        check("table has every shape and verdict", table.count("PASS") == 1 and table.count("FAIL") >= 2 and "boom" in table)
+        jp = os.path.join(tmp, "parity.json")
+        write_json(jp, {"shapes": rows})
+        with open(jp) as f:
+            back = json.load(f)
+        check("json round trip", back["shapes"][0]["worst_ratio"] == good["worst_ratio"]
+              and back["shapes"][1]["error"] == rows[1]["error"])
+        print(table)
+    print(f"selftest: {n_ok} passed, {n_bad} failed")
+    return 0 if n_bad == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
