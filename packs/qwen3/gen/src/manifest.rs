@@ -87,7 +87,7 @@ fn input(dtype: &str, shape: Value) -> Value {
 /// its range, so exactly one runs for any M, chosen from the var's value at run time (or at a
 /// CUDA graph's bucket). Ranges and recipes from packs/qwen3/GEMM.md and its H200 timings:
 /// the GEMV for decode, skinny tensor-core kernels up to 64 rows, wgmma above.
-fn gemm_launches(n: u64, k: u64, m: &str, f32_out: bool) -> Vec<Value> {
+fn gemm_launches(n: u64, k: u64, m: &str, m_max: u64, f32_out: bool) -> Vec<Value> {
     let sfx = if f32_out { "_f32out" } else { "" };
     let out = if f32_out { "out buffer<f32>" } else { "out buffer<bf16>" };
     // 1 when lo <= m <= hi, else 0 (integer expressions have no comparisons).
@@ -108,13 +108,17 @@ fn gemm_launches(n: u64, k: u64, m: &str, f32_out: bool) -> Vec<Value> {
     };
     let skinny = |entry: &str, lo: u64, hi: u64| launch("gemm_skinny", format!("{entry}{sfx}"), json!([format!("ceil({n}/16) * {}", within(lo, Some(hi)))]), 0);
     let (wg, bn) = if n >= 4096 { ("gemm_bf16_wgmma", 256) } else { ("gemm_bf16_wgmma_n128", 128) };
-    vec![
-        skinny("gemv_bf16", 1, 8),
-        skinny("gemm_bf16_m16", 9, 16),
-        skinny("gemm_bf16_m32", 17, 32),
-        skinny("gemm_bf16_m64", 33, 64),
-        launch("gemm_wgmma", format!("{wg}{sfx}"), json!([format!("ceil({m}/128) * {}", within(65, None)), format!("ceil({n}/{bn})")]), 197632),
-    ]
+    // Only the ranges the var can reach: a launch that could never run is an error.
+    let mut out = Vec::new();
+    for (entry, lo, hi) in [("gemv_bf16", 1, 8), ("gemm_bf16_m16", 9, 16), ("gemm_bf16_m32", 17, 32), ("gemm_bf16_m64", 33, 64)] {
+        if lo <= m_max {
+            out.push(skinny(entry, lo, hi));
+        }
+    }
+    if m_max >= 65 {
+        out.push(launch("gemm_wgmma", format!("{wg}{sfx}"), json!([format!("ceil({m}/128) * {}", within(65, None)), format!("ceil({n}/{bn})")]), 197632));
+    }
+    out
 }
 
 fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
@@ -219,11 +223,11 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
             "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"i32": d.h}, {"f32": eps}]}]}},
         "add_rms_norm": add_rms_norm("tokens", d.h, eps),
         "add_rms_norm_last": add_rms_norm("seqs", d.h, eps),
-        "qkv_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.qkv, d.h, "tokens", false)}},
-        "o_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.hq * d.d, "tokens", false)}},
-        "gate_up_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(2 * d.i, d.h, "tokens", false)}},
-        "down_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.i, "tokens", false)}},
-        "lm_head": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<f32>", "i32"], "impl": {"launches": gemm_launches(d.v, d.h, "seqs", true)}},
+        "qkv_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.qkv, d.h, "tokens", opts.max_tokens, false)}},
+        "o_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.hq * d.d, "tokens", opts.max_tokens, false)}},
+        "gate_up_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(2 * d.i, d.h, "tokens", opts.max_tokens, false)}},
+        "down_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.i, "tokens", opts.max_tokens, false)}},
+        "lm_head": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<f32>", "i32"], "impl": {"launches": gemm_launches(d.v, d.h, "seqs", opts.max_seqs, true)}},
         "qk_norm_rope": {
             "params": ["inout buffer<bf16>", "state", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "in buffer<i32>", "i32", "i32"],
             "impl": {"launches": [{

@@ -28,7 +28,7 @@ fn presets_generate_manifests_that_pass_kern_check() {
         // declares one launch per M range (all but one skipped at run time).
         let layers = cfg.num_hidden_layers as usize;
         assert_eq!(m.programs[0].calls.len(), 2 + 9 * layers - 1 + 5, "{name}");
-        assert_eq!(m.programs[0].launches(&m), 2 + 9 * layers - 1 + 5 + 4 * (4 * layers + 1), "{name}");
+        assert_eq!(m.programs[0].launches(&m), 2 + 9 * layers - 1 + 5 + 4 * (4 * layers) + 3, "{name}");
         // Exactly one GEMM launch has a positive grid for every M.
         let op = &m.ops[m.op("qkv_proj").unwrap().0];
         for tokens in [1i64, 7, 8, 9, 16, 17, 32, 33, 64, 65, 300, 512] {
@@ -48,6 +48,17 @@ fn presets_generate_manifests_that_pass_kern_check() {
         }
         std::fs::remove_dir_all(&out).ok();
     }
+}
+
+#[test]
+fn small_batches_get_only_the_gemm_launches_they_can_reach() {
+    let cfg = preset("qwen3-0.6b").unwrap();
+    let out = std::env::temp_dir().join(format!("kern-pack-small-{}", std::process::id()));
+    let opts = PackOptions { kernels: kernels(), max_tokens: 256, max_seqs: 8, max_context: 1024, ..Default::default() };
+    let m = load(&generate(&cfg, &opts, &out).unwrap(), &CheckOptions::default()).unwrap_or_else(|d| panic!("{d}"));
+    assert_eq!(m.ops[m.op("lm_head").unwrap().0].launches.len(), 1, "seqs <= 8: the GEMV only");
+    assert_eq!(m.ops[m.op("qkv_proj").unwrap().0].launches.len(), 5);
+    std::fs::remove_dir_all(&out).ok();
 }
 
 #[test]
