@@ -209,7 +209,10 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     // ---- ops
     let bq = 32 / (d.hq / d.hkv);
     let attn_entry = format!("attention_d{}", d.d);
-    let rope_flags = i64::from(qk_norm) | (i64::from(bias) << 1);
+    // Qwen2's QKV bias is added by the qkv GEMM's fp32 epilogue (one rounding, like
+    // F.linear), so the RoPE kernel's own bias flag (bit 1) stays off: setting both would add
+    // it twice.
+    let rope_flags = i64::from(qk_norm);
     let ops = json!({
         "embedding": {"params": ["out buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "i32"], "impl": {"launches": [{
             "module": "rowwise", "entry": "embedding",

@@ -45,6 +45,11 @@ fn presets_generate_manifests_that_pass_kern_check() {
         if name.starts_with("qwen2") {
             assert!(m.buffer("model.layers.0.self_attn.qkv_proj.bias").is_some());
             assert!(m.buffer("model.layers.0.self_attn.q_norm.weight").is_none());
+            // The bias is added once, by the GEMM: the RoPE kernel's flags (last arg) are 0.
+            let rope = &m.ops[m.op("qk_norm_rope").unwrap().0].launches[0];
+            assert_eq!(rope.args.last(), Some(&kern_manifest::LaunchArg::Const(kern_manifest::Value::I32(0))), "{name}");
+            let call = m.programs[0].calls.iter().find(|c| c.label == "l0.qkv_proj").unwrap();
+            assert!(matches!(call.args[2], kern_manifest::Binding::Buf(_)), "{name}: the GEMM gets the bias");
         }
         std::fs::remove_dir_all(&out).ok();
     }
