@@ -135,7 +135,7 @@ impl KParamInfo {
 
 /// The SVAL payload as little-endian u32 words, when its length is a multiple of 4.
 pub(crate) fn u32s(p: &[u8]) -> Option<Vec<u32>> {
-    if p.len() % 4 != 0 {
+    if !p.len().is_multiple_of(4) {
         return None;
     }
     (0..p.len() / 4).map(|i| p.u32_at(i * 4)).collect()

@@ -13,7 +13,7 @@ pub enum RuntimeError {
     #[error("{what}: {cause}")]
     CudaAt {
         what: String,
-        cause: CudaError,
+        cause: Box<CudaError>,
     },
     /// A kernel failed while a program ran.
     #[error("call `{label}` (op `{op}`, launch {launch}: kernel `{kernel}`) failed: {cause}")]
@@ -22,7 +22,7 @@ pub enum RuntimeError {
         op: String,
         launch: usize,
         kernel: String,
-        cause: CudaError,
+        cause: Box<CudaError>,
     },
     /// The buffers and states do not fit in the memory budget.
     #[error("{0}")]
@@ -48,6 +48,6 @@ pub enum RuntimeError {
 impl RuntimeError {
     pub(crate) fn cuda(what: impl Into<String>) -> impl FnOnce(CudaError) -> RuntimeError {
         let what = what.into();
-        move |cause| RuntimeError::CudaAt { what, cause }
+        move |cause| RuntimeError::CudaAt { what, cause: Box::new(cause) }
     }
 }

@@ -209,7 +209,7 @@ impl Runtime {
             Ok(d) => d,
             // Drivers before 12.4 cannot report layouts; KPARAM_INFO was checked already.
             Err(kern_cuda::CudaError::DriverTooOld { .. }) => return Ok(()),
-            Err(e) => return Err(RuntimeError::CudaAt { what: format!("ops.{op}.impl.launches[{li}]: reading the parameter layout of `{}`", l.entry), cause: e }),
+            Err(e) => return Err(RuntimeError::CudaAt { what: format!("ops.{op}.impl.launches[{li}]: reading the parameter layout of `{}`", l.entry), cause: Box::new(e) }),
         };
         let ours: Vec<(usize, usize)> = l.params.iter().map(|p| (p.offset as usize, p.size as usize)).collect();
         let theirs: Vec<(usize, usize)> = drv.iter().map(|s| (s.offset, s.size)).collect();
@@ -262,7 +262,7 @@ impl Runtime {
                         let this = &*self;
                         this.stream.capture(|_| this.enqueue(p, &b, false).map_err(to_cuda))
                     }
-                    .map_err(|e| RuntimeError::CudaAt { what: format!("capturing program `{}` into a CUDA graph at {:?}", self.manifest.programs[p].name, b), cause: e })?;
+                    .map_err(|e| RuntimeError::CudaAt { what: format!("capturing program `{}` into a CUDA graph at {:?}", self.manifest.programs[p].name, b), cause: Box::new(e) })?;
                     let exec = graph.instantiate()?;
                     self.graphs.insert(key.clone(), exec);
                     stats.captured = true;
@@ -285,7 +285,7 @@ impl Runtime {
         if e.is_sticky() {
             RuntimeError::CudaAt {
                 what: "a kernel of the program failed (run with --sync-each to find which call); the GPU context is unusable now".into(),
-                cause: e,
+                cause: Box::new(e),
             }
         } else {
             RuntimeError::Cuda(e)
@@ -352,7 +352,7 @@ impl Runtime {
             let shared = l.shared.eval(vars).map_err(|e| RuntimeError::Var(format!("call `{}`: shared: {e}", l.call)))?;
             let shared = u32::try_from(shared).map_err(|_| RuntimeError::Var(format!("call `{}`: shared memory {shared} is out of range", l.call)))?;
             let cfg = LaunchConfig::new(grid, block, shared);
-            let fault = |e| RuntimeError::KernelFault { label: l.call.clone(), op: l.op.clone(), launch: l.launch, kernel: l.func.name().to_string(), cause: e };
+            let fault = |e| RuntimeError::KernelFault { label: l.call.clone(), op: l.op.clone(), launch: l.launch, kernel: l.func.name().to_string(), cause: Box::new(e) };
             // SAFETY: every pointer in `args` is an address inside the arena or a state pool,
             // which are sized at the vars' max (checked) and outlive the launch; the kernel's
             // parameter layout was matched with the image and the driver at preparation.
@@ -412,7 +412,8 @@ impl Runtime {
 
 fn to_cuda(e: RuntimeError) -> kern_cuda::CudaError {
     match e {
-        RuntimeError::Cuda(c) | RuntimeError::CudaAt { cause: c, .. } | RuntimeError::KernelFault { cause: c, .. } => c,
+        RuntimeError::Cuda(c) => c,
+        RuntimeError::CudaAt { cause: c, .. } | RuntimeError::KernelFault { cause: c, .. } => *c,
         other => kern_cuda::CudaError::InvalidArgument(other.to_string()),
     }
 }

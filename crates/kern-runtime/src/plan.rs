@@ -212,7 +212,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         other => return Err(format!("`{s}`: unknown unit `{other}` (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")),
     };
     let bytes = v * mult;
-    if !bytes.is_finite() || bytes < 0.0 || bytes > 1e18 {
+    if !bytes.is_finite() || !(0.0..=1e18).contains(&bytes) {
         return Err(format!("`{s}` is out of range"));
     }
     Ok(bytes as u64)

@@ -132,7 +132,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
 
     let ctx = kern_cuda::Context::new(args.device)?;
     let props = ctx.props().clone();
-    let arch = kern_binary::Arch::new(props.cc_major as u32 * 10 + props.cc_minor as u32);
+    let arch = kern_binary::Arch::new(props.cc_major * 10 + props.cc_minor);
     let m = crate::check::load(&manifest_path, arch)?;
     let abi = Abi { step: m.step.clone().ok_or_else(|| anyhow!("{}: the manifest has no `step` section: kern generate drives a model through the step ABI (docs/step-abi.md)", manifest_path.display()))? };
     let ckpt = kern_weights::Checkpoint::open(dir).with_context(|| format!("{}: the model's weights", dir.display()))?;

@@ -52,7 +52,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<ExitCode> {
     let ctx = kern_cuda::Context::new(args.device)?;
     let props = ctx.props();
-    let arch = kern_binary::Arch::new(props.cc_major as u32 * 10 + props.cc_minor as u32);
+    let arch = kern_binary::Arch::new(props.cc_major * 10 + props.cc_minor);
     let m = crate::check::load(&args.manifest, arch)?;
     let vars = parse_vars(&m, &args.sets)?;
     let program = m.programs.iter().position(|p| p.name == args.program).ok_or_else(|| {

@@ -42,7 +42,7 @@ struct Suite {
 pub fn run(args: Args) -> Result<ExitCode> {
     let ctx = Context::new(args.device)?;
     let p = ctx.props();
-    let arch = kern_binary::Arch::new(p.cc_major as u32 * 10 + p.cc_minor as u32);
+    let arch = kern_binary::Arch::new(p.cc_major * 10 + p.cc_minor);
     eprintln!("kern selftest on {} ({arch}, {} SMs, driver {})", p.name, p.sm_count, ctx.driver_version());
     std::fs::create_dir_all(&args.scratch).with_context(|| format!("cannot create {}", args.scratch.display()))?;
     let mut s = Suite { ctx, arch, args, rows: Vec::new() };

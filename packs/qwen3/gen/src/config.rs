@@ -82,7 +82,7 @@ impl Config {
         if kv == 0 || h % kv != 0 || h / kv > 32 {
             return Err(format!("{h} attention heads over {kv} kv heads: the group size must be a whole number up to 32"));
         }
-        if self.hidden_size % 8 != 0 || self.intermediate_size % 8 != 0 {
+        if !self.hidden_size.is_multiple_of(8) || !self.intermediate_size.is_multiple_of(8) {
             return Err("hidden_size and intermediate_size must be multiples of 8 (16-byte loads in the GEMMs)".into());
         }
         if let Some(a) = &self.hidden_act {

@@ -237,7 +237,7 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                 "module": "rope", "entry": "qk_norm_rope",
                 "params": ["inout buffer<bf16>", "ptr", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "in buffer<i32>",
                            "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32", "f32", "i32"],
-                "block": [256], "grid": ["tokens", d.qkv / d.d / 8 + u64::from((d.qkv / d.d) % 8 != 0)],
+                "block": [256], "grid": ["tokens", d.qkv / d.d / 8 + u64::from(!(d.qkv / d.d).is_multiple_of(8))],
                 "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5}, {"param": 6},
                          {"param": 7}, {"i32": d.hq}, {"i32": d.hkv}, {"i32": d.d}, {"param": 8}, {"i32": d.layers},
                          {"i32": opts.page_tokens}, {"f32": cfg.rope_theta}, {"f32": eps}, {"i32": rope_flags}]}]}},
