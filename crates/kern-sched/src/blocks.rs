@@ -31,6 +31,11 @@ impl BlockManager {
         self.total
     }
 
+    /// The free pages (the next one handed out is the last).
+    pub fn free_list(&self) -> &[u32] {
+        &self.free
+    }
+
     /// Pages needed to hold `tokens` tokens.
     pub fn pages_for(&self, tokens: usize) -> usize {
         tokens.div_ceil(self.page_tokens)

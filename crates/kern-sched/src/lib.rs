@@ -6,7 +6,8 @@
 //!   per-token state pool at once);
 //! * [`Scheduler`]: continuous batching with chunked prefill — every running sequence's decode
 //!   token first, then prompt chunks in arrival order, within the step's token and sequence
-//!   budgets; finished sequences free their pages at once;
+//!   budgets; pages allocated on demand, preemption by recompute when the pool runs dry;
+//!   finished and aborted sequences free their pages at once;
 //! * [`Step`]: one step's ABI arrays, padded to the bucket sizes with the ABI's padding rules.
 
 mod blocks;
@@ -14,5 +15,5 @@ mod scheduler;
 mod step;
 
 pub use blocks::{BlockManager, PageError};
-pub use scheduler::{Finish, SamplingParams, Scheduler, SchedulerConfig, SeqId, SeqOutput};
+pub use scheduler::{AddError, Finish, SamplingParams, Scheduler, SchedulerConfig, SeqId, SeqOutput};
 pub use step::{Step, StepSeq};

@@ -1,11 +1,23 @@
-//! Continuous batching with chunked prefill.
+//! Continuous batching with chunked prefill, on-demand KV pages and preemption by recompute.
 //!
-//! Each step takes, within the step's budgets (`chunk` tokens, `max_seqs` sequences): first one
-//! token from every running sequence whose prompt is fully prefilled (decode), then prompt
-//! chunks — from a partially prefilled sequence first, then from waiting sequences in arrival
-//! order. A sequence is admitted only when the pages for its whole budget (prompt + max new
-//! tokens) are free, so a running sequence never runs out of KV pages mid-way (no preemption
-//! needed). Finished sequences free their pages at once.
+//! Each step hands out at most `chunk` new tokens (the step's token budget, vLLM's
+//! `max_num_batched_tokens`) to at most `max_seqs` sequences:
+//!
+//! 1. Running sequences first, oldest first — every decode token before any prefill chunk, so a
+//!    long prompt never delays the tokens of sequences already streaming. Each sequence gets the
+//!    pages for the tokens it computes *in this step* only (pages are allocated on demand as a
+//!    sequence grows, not for its whole budget at admission). When the pool runs dry, the
+//!    newest running sequence not yet placed in this step is **preempted**: its pages are
+//!    freed, its computed length drops to zero, and it goes back to the *front* of the queue.
+//!    Its tokens (prompt and everything generated so far) are kept, so when it is resumed its
+//!    whole context is prefilled again and it continues where it stopped — with the same
+//!    output, since sampling draws from the stream (seed, position).
+//! 2. Then, only if nothing was preempted in this step, waiting sequences in arrival order
+//!    (FCFS), each while its first chunk's pages are free and the budgets allow.
+//!
+//! Finished and aborted sequences free their pages at once. Every id that was added is
+//! eventually reported finished (by `commit`) or removed by `abort`: none is lost or
+//! duplicated (property-tested below).
 
 use crate::blocks::BlockManager;
 use crate::step::{SeqView, Step};
@@ -28,11 +40,13 @@ pub struct SamplingParams {
     /// Token ids that end the sequence (EOS); ignored with `ignore_eos`.
     pub stop: Vec<u32>,
     pub ignore_eos: bool,
+    /// Token ids that end the sequence even with `ignore_eos` (a request's `stop_token_ids`).
+    pub stop_always: Vec<u32>,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens: 16, stop: vec![], ignore_eos: false }
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens: 16, stop: vec![], ignore_eos: false, stop_always: vec![] }
     }
 }
 
@@ -40,7 +54,7 @@ impl Default for SamplingParams {
 pub struct SchedulerConfig {
     /// Most new tokens per step (the `tokens` var's max, or less for smaller prefill chunks).
     pub chunk: usize,
-    /// Most sequences per step (the `seqs` var's max).
+    /// Most sequences per step and running at once (the `seqs` var's max, or less).
     pub max_seqs: usize,
     /// Longest context of a sequence (pages var max × page tokens, or less).
     pub max_context: usize,
@@ -67,6 +81,24 @@ pub struct SeqOutput {
     pub finished: Option<Finish>,
 }
 
+/// Why a request was refused by [`Scheduler::add`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AddError {
+    #[error("the prompt is empty: give at least one token")]
+    EmptyPrompt,
+    #[error("max_tokens must be at least 1")]
+    NoTokens,
+    /// The prompt alone does not fit the context.
+    #[error("this model's maximum context length is {max_context} tokens, but the prompt has {prompt} tokens: shorten the prompt")]
+    PromptTooLong { prompt: usize, max_context: usize },
+    /// Prompt + max_tokens do not fit the context.
+    #[error("the prompt has {prompt} tokens and up to {max_tokens} more are asked for ({} in all), above this model's maximum context length of {max_context} tokens: lower max_tokens to at most {} or shorten the prompt", prompt + max_tokens, max_context - prompt)]
+    TooLong { prompt: usize, max_tokens: usize, max_context: usize },
+    /// The sequence could never fit the KV pool, even alone.
+    #[error("this request needs {needed} KV pages, the pool has {total} in all: give kern more GPU memory or ask for fewer tokens")]
+    PoolTooSmall { needed: usize, total: usize },
+}
+
 #[derive(Debug)]
 struct Seq {
     id: SeqId,
@@ -78,40 +110,56 @@ struct Seq {
     params: SamplingParams,
 }
 
+impl Seq {
+    fn left(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+}
+
 pub struct Scheduler {
     cfg: SchedulerConfig,
     blocks: BlockManager,
     waiting: VecDeque<Seq>,
+    /// In admission order: the last is the newest (the first preempted).
     running: Vec<Seq>,
     next_id: SeqId,
+    preemptions: u64,
 }
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, blocks: BlockManager) -> Self {
         assert!(cfg.chunk > 0 && cfg.max_seqs > 0, "step budgets must be positive");
-        Scheduler { cfg, blocks, waiting: VecDeque::new(), running: Vec::new(), next_id: 0 }
+        Scheduler { cfg, blocks, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, preemptions: 0 }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    /// The longest context a sequence may reach (prompt + generated tokens).
+    pub fn max_context(&self) -> usize {
+        self.cfg.max_context.min(self.cfg.pages_per_seq * self.blocks.page_tokens())
     }
 
     /// Queues a request; errors say what does not fit.
-    pub fn add(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<SeqId, String> {
+    pub fn add(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<SeqId, AddError> {
         if prompt.is_empty() {
-            return Err("the prompt is empty: give at least one token".into());
+            return Err(AddError::EmptyPrompt);
         }
         if params.max_tokens == 0 {
-            return Err("max_tokens must be at least 1".into());
+            return Err(AddError::NoTokens);
+        }
+        let max_context = self.max_context();
+        if prompt.len() >= max_context {
+            return Err(AddError::PromptTooLong { prompt: prompt.len(), max_context });
         }
         let need = prompt.len() + params.max_tokens;
-        let max_ctx = self.cfg.max_context.min(self.cfg.pages_per_seq * self.blocks.page_tokens());
-        if need > max_ctx {
-            return Err(format!(
-                "the prompt has {} tokens and up to {} more are asked for ({need} in all), above the maximum context of {max_ctx} tokens: shorten the prompt or lower max_tokens (or pack the model with a larger --max-context)",
-                prompt.len(),
-                params.max_tokens
-            ));
+        if need > max_context {
+            return Err(AddError::TooLong { prompt: prompt.len(), max_tokens: params.max_tokens, max_context });
         }
         let pages = self.blocks.pages_for(need);
         if pages > self.blocks.total_pages() {
-            return Err(format!("this request needs {pages} KV pages, the pool has {} in all: give kern more GPU memory or ask for fewer tokens", self.blocks.total_pages()));
+            return Err(AddError::PoolTooSmall { needed: pages, total: self.blocks.total_pages() });
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -123,51 +171,118 @@ impl Scheduler {
         !self.waiting.is_empty() || !self.running.is_empty()
     }
 
+    /// Sequences admitted and not finished (they hold KV pages, unless just preempted).
     pub fn running(&self) -> usize {
         self.running.len()
     }
 
-    /// The next step's work, padded by `pad(real_tokens, real_seqs) -> (tokens, seqs)`;
+    /// Sequences queued: new ones and preempted ones.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Sequences preempted so far.
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
+    pub fn free_pages(&self) -> usize {
+        self.blocks.free_pages()
+    }
+
+    pub fn total_pages(&self) -> usize {
+        self.blocks.total_pages()
+    }
+
+    pub fn page_tokens(&self) -> usize {
+        self.blocks.page_tokens()
+    }
+
+    /// Pages held by running sequences.
+    pub fn used_pages(&self) -> usize {
+        self.running.iter().map(|s| s.pages.len()).sum()
+    }
+
+    /// Removes a sequence wherever it is (queued or running) and frees its pages at once.
+    /// Returns false for an id that is not (or no longer) here; aborting twice is harmless.
+    pub fn abort(&mut self, id: SeqId) -> bool {
+        if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            let mut s = self.waiting.remove(i).expect("index from position");
+            self.blocks.release(&mut s.pages);
+            return true;
+        }
+        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            let mut s = self.running.remove(i);
+            self.blocks.release(&mut s.pages);
+            return true;
+        }
+        false
+    }
+
+    /// Frees the newest running sequence that is not in `keep` and puts it at the front of the
+    /// queue; None when every running sequence is kept.
+    fn preempt_newest(&mut self, keep: &[SeqId]) -> Option<SeqId> {
+        let i = self.running.iter().rposition(|s| !keep.contains(&s.id))?;
+        let mut s = self.running.remove(i);
+        self.blocks.release(&mut s.pages);
+        s.computed = 0;
+        self.preemptions += 1;
+        let id = s.id;
+        self.waiting.push_front(s);
+        Some(id)
+    }
+
+    /// The next step's work, padded by `pad(real_tokens, real_seqs, decode) -> (tokens, seqs)`;
     /// None when nothing can run.
     pub fn schedule(&mut self, pad: impl Fn(usize, usize, bool) -> (usize, usize)) -> Option<Step> {
-        // Admit waiting sequences whose whole budget of pages is free.
-        while self.running.len() < self.cfg.max_seqs {
-            let Some(front) = self.waiting.front() else { break };
-            let need = front.tokens.len() + front.params.max_tokens;
-            if self.blocks.pages_for(need) > self.blocks.free_pages() {
-                break;
-            }
-            let mut s = self.waiting.pop_front().expect("front exists");
-            self.blocks.ensure(&mut s.pages, need).expect("checked free pages");
-            self.running.push(s);
-        }
         let mut budget = self.cfg.chunk;
-        let mut picked: Vec<(usize, usize)> = Vec::new(); // (running index, n)
-        for (i, s) in self.running.iter().enumerate() {
+        let mut picked: Vec<(SeqId, usize)> = Vec::new();
+        let mut preempted = false;
+        // Running sequences: decode tokens first, then prefill chunks (recomputes included).
+        let order: Vec<SeqId> = {
+            let decodes = self.running.iter().filter(|s| s.left() == 1).map(|s| s.id);
+            let prefills = self.running.iter().filter(|s| s.left() > 1).map(|s| s.id);
+            decodes.chain(prefills).collect()
+        };
+        for id in order {
             if picked.len() == self.cfg.max_seqs || budget == 0 {
                 break;
             }
-            if s.tokens.len() - s.computed == 1 {
-                picked.push((i, 1));
-                budget -= 1;
+            loop {
+                let Some(i) = self.running.iter().position(|s| s.id == id) else { break }; // preempted
+                let s = &mut self.running[i];
+                let n = s.left().min(budget);
+                if self.blocks.ensure(&mut s.pages, s.computed + n).is_ok() {
+                    picked.push((id, n));
+                    budget -= n;
+                    break;
+                }
+                let keep: Vec<SeqId> = picked.iter().map(|p| p.0).collect();
+                preempted = true;
+                if self.preempt_newest(&keep).is_none() {
+                    break;
+                }
             }
         }
-        for (i, s) in self.running.iter().enumerate() {
-            if picked.len() == self.cfg.max_seqs || budget == 0 {
+        // Waiting sequences, in order, unless the pool just ran dry.
+        while !preempted && self.running.len() < self.cfg.max_seqs && picked.len() < self.cfg.max_seqs && budget > 0 {
+            let Some(front) = self.waiting.front_mut() else { break };
+            let n = front.left().min(budget);
+            if self.blocks.ensure(&mut front.pages, n).is_err() {
                 break;
             }
-            let left = s.tokens.len() - s.computed;
-            if left > 1 {
-                let n = left.min(budget);
-                picked.push((i, n));
-                budget -= n;
-            }
+            let s = self.waiting.pop_front().expect("front exists");
+            picked.push((s.id, n));
+            budget -= n;
+            self.running.push(s);
         }
         if picked.is_empty() {
             return None;
         }
-        picked.sort_by_key(|&(i, _)| i);
-        let views: Vec<SeqView> = picked
+        // Batch rows in admission order.
+        let mut rows: Vec<(usize, usize)> = picked.iter().map(|&(id, n)| (self.running.iter().position(|s| s.id == id).expect("picked is running"), n)).collect();
+        rows.sort_by_key(|&(i, _)| i);
+        let views: Vec<SeqView> = rows
             .iter()
             .map(|&(i, n)| {
                 let s = &self.running[i];
@@ -192,11 +307,16 @@ impl Scheduler {
     }
 
     /// Applies a step's sampled ids (one per step row); returns the new tokens. Sequences that
-    /// finish release their pages.
+    /// finish release their pages. Rows of sequences aborted since the step was built are
+    /// skipped.
     pub fn commit(&mut self, step: &Step, sampled: &[i32]) -> Vec<SeqOutput> {
         let mut out = Vec::new();
+        let max_context = self.max_context();
         for (row, ss) in step.seqs.iter().enumerate() {
             let Some(s) = self.running.iter_mut().find(|s| s.id == ss.id) else { continue };
+            if s.computed != ss.start {
+                continue; // preempted and re-admitted since: this row is stale
+            }
             s.computed += ss.n;
             if !ss.samples {
                 continue;
@@ -204,9 +324,10 @@ impl Scheduler {
             let token = sampled.get(row).copied().unwrap_or(0).max(0) as u32;
             s.tokens.push(token);
             s.generated += 1;
-            let finished = if !s.params.ignore_eos && s.params.stop.contains(&token) {
+            let p = &s.params;
+            let finished = if p.stop_always.contains(&token) || (!p.ignore_eos && p.stop.contains(&token)) {
                 Some(Finish::Stop)
-            } else if s.generated >= s.params.max_tokens || s.tokens.len() >= self.cfg.max_context {
+            } else if s.generated >= p.max_tokens || s.tokens.len() >= max_context {
                 Some(Finish::Length)
             } else {
                 None
@@ -224,8 +345,27 @@ impl Scheduler {
         out
     }
 
-    pub fn free_pages(&self) -> usize {
-        self.blocks.free_pages()
+    /// Checks the page accounting: every page is free or held by exactly one running sequence,
+    /// and each running sequence holds exactly the pages its computed tokens need (or more, for
+    /// the chunk being computed). Panics with the broken rule; for tests and debug builds.
+    pub fn check_invariants(&self) {
+        let total = self.blocks.total_pages();
+        let mut owner = vec![false; total];
+        for p in self.blocks.free_list() {
+            assert!(!owner[*p as usize], "page {p} is free twice");
+            owner[*p as usize] = true;
+        }
+        for s in &self.running {
+            assert!(s.pages.len() >= self.blocks.pages_for(s.computed), "sequence {} computed {} tokens on {} pages", s.id, s.computed, s.pages.len());
+            for p in &s.pages {
+                assert!(!owner[*p as usize], "page {p} is owned twice (sequence {})", s.id);
+                owner[*p as usize] = true;
+            }
+        }
+        for s in &self.waiting {
+            assert!(s.pages.is_empty() && s.computed == 0, "queued sequence {} holds pages", s.id);
+        }
+        assert!(owner.iter().all(|&o| o), "a page is neither free nor owned (leaked)");
     }
 }
 
@@ -309,10 +449,12 @@ mod tests {
     #[test]
     fn requests_that_cannot_fit_are_refused_clearly() {
         let mut s = sched(8, 4, 4);
-        assert!(s.add(vec![], SamplingParams::default()).unwrap_err().contains("empty"));
-        let e = s.add(vec![0; 1000], SamplingParams { max_tokens: 100, ..Default::default() }).unwrap_err();
-        assert!(e.contains("maximum context of 1024"), "{e}");
-        let e = s.add(vec![0; 100], SamplingParams { max_tokens: 10, ..Default::default() }).unwrap_err();
+        assert_eq!(s.add(vec![], SamplingParams::default()).unwrap_err(), AddError::EmptyPrompt);
+        let e = s.add(vec![0; 1000], SamplingParams { max_tokens: 100, ..Default::default() }).unwrap_err().to_string();
+        assert!(e.contains("maximum context length of 1024") && e.contains("at most 24"), "{e}");
+        let e = s.add(vec![0; 1024], SamplingParams { max_tokens: 1, ..Default::default() }).unwrap_err();
+        assert_eq!(e, AddError::PromptTooLong { prompt: 1024, max_context: 1024 });
+        let e = s.add(vec![0; 100], SamplingParams { max_tokens: 10, ..Default::default() }).unwrap_err().to_string();
         assert!(e.contains("KV pages"), "{e}");
     }
 
@@ -324,5 +466,161 @@ mod tests {
         let st = s.schedule(no_pad).unwrap();
         assert_eq!(st.seqs.len(), 1);
         assert_eq!(s.running(), 1);
+    }
+
+    /// A deterministic "model": the next token is a hash of the whole context, so a sequence
+    /// computed twice (after a preemption) gives the same tokens, and a wrong context gives
+    /// different ones.
+    fn next_token(ctx: &[u32]) -> u32 {
+        ctx.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &t| (h ^ t as u64).wrapping_mul(0x100_0000_01b3)) as u32 % 1000
+    }
+
+    fn reference(prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+        let mut ctx = prompt.to_vec();
+        for _ in 0..max_tokens {
+            let t = next_token(&ctx);
+            ctx.push(t);
+        }
+        ctx[prompt.len()..].to_vec()
+    }
+
+    /// Runs steps; the "model" reads each sequence's context from a fake KV store through the
+    /// block table, as the kernels do.
+    struct Fake {
+        kv: Vec<Option<(u32, u32)>>,
+    }
+
+    impl Fake {
+        fn run(&mut self, st: &Step, page_tokens: usize) -> Vec<i32> {
+            for (t, &slot) in st.slot_mapping.iter().enumerate().take(st.real_tokens) {
+                self.kv[slot as usize] = Some((st.token_ids[t] as u32, st.positions[t] as u32));
+            }
+            (0..st.real_seqs)
+                .map(|r| {
+                    let len = st.seq_lens[r] as usize;
+                    let ctx: Vec<u32> = (0..len)
+                        .map(|p| {
+                            let page = st.block_tables[r * st.pages + p / page_tokens];
+                            let (tok, pos) = self.kv[page as usize * page_tokens + p % page_tokens].expect("KV slot never written");
+                            assert_eq!(pos as usize, p, "KV slot holds another position");
+                            tok
+                        })
+                        .collect();
+                    next_token(&ctx) as i32
+                })
+                .collect()
+        }
+    }
+
+    #[test]
+    fn preempted_sequences_resume_with_the_same_output() {
+        // 6 pages of 4 tokens: three sequences of 6 + 10 tokens cannot all stay.
+        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 8, max_context: 64, pages_per_seq: 16 }, BlockManager::new(6, 4));
+        let prompts: Vec<Vec<u32>> = (0..3).map(|i| (0..6).map(|t| t * 7 + i).collect()).collect();
+        let ids: Vec<SeqId> = prompts.iter().map(|p| s.add(p.clone(), SamplingParams { max_tokens: 10, ..Default::default() }).unwrap()).collect();
+        let mut fake = Fake { kv: vec![None; 24] };
+        let mut got: Vec<Vec<u32>> = vec![vec![]; 3];
+        let mut steps = 0;
+        while s.has_work() {
+            let st = s.schedule(no_pad).expect("a lone sequence always fits");
+            let sampled = fake.run(&st, 4);
+            for o in s.commit(&st, &sampled) {
+                got[ids.iter().position(|&i| i == o.id).unwrap()].push(o.token);
+            }
+            s.check_invariants();
+            steps += 1;
+            assert!(steps < 1000, "no progress");
+        }
+        assert!(s.preemptions() > 0, "the pool is too small for all three: someone was preempted");
+        for (p, g) in prompts.iter().zip(&got) {
+            assert_eq!(g, &reference(p, 10));
+        }
+        assert_eq!(s.free_pages(), 6);
+    }
+
+    #[test]
+    fn abort_frees_pages_wherever_the_sequence_is() {
+        let mut s = sched(8, 4, 8);
+        let a = s.add(vec![1; 20], SamplingParams { max_tokens: 4, ..Default::default() }).unwrap();
+        let b = s.add(vec![2; 5], SamplingParams { max_tokens: 4, ..Default::default() }).unwrap();
+        let st = s.schedule(no_pad).unwrap();
+        assert_eq!(s.running(), 1, "b waits: the chunk budget went to a");
+        assert!(s.abort(b), "queued");
+        assert!(s.abort(a), "running, mid-prefill");
+        assert!(!s.abort(a), "twice is harmless");
+        assert_eq!(s.free_pages(), 8);
+        assert!(s.commit(&st, &[5]).is_empty(), "a step of an aborted sequence commits nothing");
+        assert!(!s.has_work());
+        s.check_invariants();
+    }
+
+    #[test]
+    fn pages_are_taken_as_sequences_grow() {
+        let mut s = sched(64, 4, 64);
+        s.add(vec![1; 10], SamplingParams { max_tokens: 100, ..Default::default() }).unwrap();
+        let st = s.schedule(no_pad).unwrap();
+        assert_eq!(s.used_pages(), 1, "10 tokens: one page, not the 7 of the whole budget");
+        s.commit(&st, &[3]);
+        for _ in 0..7 {
+            let st = s.schedule(no_pad).unwrap();
+            s.commit(&st, &[3]);
+        }
+        assert_eq!(s.used_pages(), 2, "17 computed tokens + 1 being computed");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Random arrivals, aborts and pool sizes: every sequence either finishes with exactly
+        /// the reference tokens or was aborted; pages are never owned twice and all come back.
+        #[test]
+        fn nothing_lost_duplicated_or_corrupted(
+            pages in 4usize..24,
+            chunk in 1usize..40,
+            max_seqs in 1usize..6,
+            reqs in proptest::collection::vec((1usize..20, 1usize..12, 0u32..50, proptest::option::of(0usize..30)), 1..12),
+        ) {
+            let page_tokens = 4;
+            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 64, pages_per_seq: 16 }, BlockManager::new(pages, page_tokens));
+            let mut fake = Fake { kv: vec![None; pages * page_tokens] };
+            let mut live: Vec<(SeqId, Vec<u32>, usize, Option<usize>, Vec<u32>, bool)> = Vec::new();
+            for (plen, max_tokens, salt, abort_at) in reqs {
+                let prompt: Vec<u32> = (0..plen as u32).map(|t| t * 31 + salt).collect();
+                match s.add(prompt.clone(), SamplingParams { max_tokens, ..Default::default() }) {
+                    Ok(id) => live.push((id, prompt, max_tokens, abort_at, vec![], false)),
+                    Err(AddError::PoolTooSmall { .. }) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            let mut step_no = 0;
+            while s.has_work() {
+                for l in live.iter_mut() {
+                    if l.3 == Some(step_no) && !l.5 {
+                        s.abort(l.0);
+                        l.5 = true;
+                    }
+                }
+                if !s.has_work() { break; }
+                let st = s.schedule(no_pad).expect("progress");
+                proptest::prop_assert!(st.real_tokens <= chunk && st.real_seqs <= max_seqs);
+                let sampled = fake.run(&st, page_tokens);
+                for o in s.commit(&st, &sampled) {
+                    let l = live.iter_mut().find(|l| l.0 == o.id).unwrap();
+                    proptest::prop_assert!(!l.5, "output after abort");
+                    l.4.push(o.token);
+                }
+                s.check_invariants();
+                step_no += 1;
+                proptest::prop_assert!(step_no < 5000, "no progress");
+            }
+            for (_, prompt, max_tokens, _, got, aborted) in &live {
+                let want = reference(prompt, *max_tokens);
+                if *aborted {
+                    proptest::prop_assert!(want.starts_with(got));
+                } else {
+                    proptest::prop_assert_eq!(got, &want);
+                }
+            }
+            proptest::prop_assert_eq!(s.free_pages(), pages);
+        }
     }
 }
