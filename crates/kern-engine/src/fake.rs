@@ -1,0 +1,140 @@
+//! A deterministic model on the CPU for testing the engine and the server without a GPU.
+//!
+//! It behaves like a real program in the ways that can go wrong: it keeps a KV store of
+//! `(token, position)` per slot, writes each new token where `slot_mapping` says, and computes
+//! a sequence's next token from its context *read back through its block table* — so a
+//! sequence given the wrong pages (a page freed too early, reused by another sequence, a
+//! preempted sequence resumed badly) produces different tokens, and a slot holding the wrong
+//! position is reported as corruption. The next token is a pure function of the context (the
+//! `rule`, by default a hash), so tests know every request's exact expected output.
+
+use crate::model::{Model, ModelError, ModelInfo, StepOutput};
+use kern_sched::Step;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Chooses the next token from a sequence's whole context (greedy).
+pub type Rule = Arc<dyn Fn(&[u32]) -> u32 + Send + Sync>;
+
+/// FNV-1a over the context: the default greedy rule, modulo the vocabulary.
+pub fn hash_rule(vocab: usize) -> Rule {
+    Arc::new(move |ctx: &[u32]| (fnv(ctx.iter().map(|&t| t as u64)) % vocab as u64) as u32)
+}
+
+fn fnv(xs: impl Iterator<Item = u64>) -> u64 {
+    xs.fold(0xcbf2_9ce4_8422_2325u64, |h, x| (h ^ x).wrapping_mul(0x100_0000_01b3))
+}
+
+pub struct FakeModel {
+    info: ModelInfo,
+    rule: Rule,
+    kv: Vec<Option<(u32, u32)>>,
+    /// Sleep per step (to keep requests in flight while a test does something).
+    pub step_delay: Duration,
+    /// Fail this step (0-based) with a fault naming an op, like a GPU fault would.
+    pub fail_at_step: Option<usize>,
+    steps: usize,
+}
+
+impl FakeModel {
+    pub fn new(info: ModelInfo, rule: Rule) -> FakeModel {
+        let slots = info.total_pages * info.page_tokens;
+        FakeModel { info, rule, kv: vec![None; slots], step_delay: Duration::ZERO, fail_at_step: None, steps: 0 }
+    }
+
+    /// A small model: `vocab` ids, steps of 64 tokens × 8 sequences, 4-token pages.
+    pub fn small(vocab: usize, total_pages: usize) -> FakeModel {
+        let info = ModelInfo { max_step_tokens: 64, max_step_seqs: 8, pages_per_seq: 64, page_tokens: 4, total_pages, vocab, logits: true, gpu_sampling: true };
+        FakeModel::new(info, hash_rule(vocab))
+    }
+
+    /// What the model generates greedily after `prompt` (the rule applied step by step).
+    pub fn reference(rule: &Rule, prompt: &[u32], n: usize) -> Vec<u32> {
+        let mut ctx = prompt.to_vec();
+        for _ in 0..n {
+            let t = rule(&ctx);
+            ctx.push(t);
+        }
+        ctx.split_off(prompt.len())
+    }
+
+    /// Logits whose argmax is `token`, with a spread of other values (deterministic).
+    fn logits_row(&self, token: u32, ctx_hash: u64, out: &mut Vec<f32>) {
+        let v = self.info.vocab;
+        out.extend((0..v).map(|i| {
+            let h = fnv([ctx_hash, i as u64].into_iter());
+            -((h % 1000) as f32) / 250.0
+        }));
+        let base = out.len() - v;
+        out[base + token as usize] = 4.0;
+    }
+}
+
+impl Model for FakeModel {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn pad(&self, tokens: usize, seqs: usize, decode: bool) -> (usize, usize) {
+        // Pad decode steps like graph buckets do, so padding rules are exercised.
+        if decode {
+            (tokens.next_power_of_two().min(self.info.max_step_tokens.max(tokens)), seqs.next_power_of_two().min(self.info.max_step_seqs.max(seqs)))
+        } else {
+            (tokens, seqs)
+        }
+    }
+
+    fn step(&mut self, st: &Step, want_logits: bool) -> Result<StepOutput, ModelError> {
+        if self.fail_at_step == Some(self.steps) {
+            return Err(ModelError("call `layer3.attn` (op `attention`): an illegal memory access was encountered (fake fault)".into()));
+        }
+        self.steps += 1;
+        if !self.step_delay.is_zero() {
+            std::thread::sleep(self.step_delay);
+        }
+        let pt = self.info.page_tokens;
+        if st.real_tokens > self.info.max_step_tokens.max(st.tokens) || st.num_seqs > self.info.max_step_seqs {
+            return Err(ModelError(format!("step of {} tokens × {} seqs is above the model's maxima", st.tokens, st.num_seqs)));
+        }
+        for t in 0..st.tokens {
+            let slot = st.slot_mapping[t];
+            if slot < 0 {
+                continue;
+            }
+            let slot = slot as usize;
+            if slot >= self.kv.len() {
+                return Err(ModelError(format!("slot {slot} outside the KV pool")));
+            }
+            self.kv[slot] = Some((st.token_ids[t] as u32, st.positions[t] as u32));
+        }
+        let mut sampled = Vec::with_capacity(st.real_seqs);
+        let mut logits = want_logits.then(Vec::new);
+        for r in 0..st.real_seqs {
+            let len = st.seq_lens[r] as usize;
+            let mut ctx = Vec::with_capacity(len);
+            for p in 0..len {
+                let page = st.block_tables[r * st.pages + p / pt];
+                if page < 0 {
+                    return Err(ModelError(format!("row {r}: no page for position {p}")));
+                }
+                match self.kv[page as usize * pt + p % pt] {
+                    Some((tok, pos)) if pos as usize == p => ctx.push(tok),
+                    other => return Err(ModelError(format!("KV corruption: row {r} position {p} reads {other:?}"))),
+                }
+            }
+            let greedy = (self.rule)(&ctx);
+            let tok = if st.temperature[r] > 0.0 {
+                // Sampled: a function of (seed, position), like the real sampler's RNG stream.
+                let h = fnv(ctx.iter().map(|&t| t as u64).chain([st.seeds[r], len as u64, 0x5eed]));
+                (h % self.info.vocab as u64) as u32
+            } else {
+                greedy
+            };
+            sampled.push(tok as i32);
+            if let Some(l) = logits.as_mut() {
+                self.logits_row(tok, fnv(ctx.iter().map(|&t| t as u64)), l);
+            }
+        }
+        Ok(StepOutput { sampled, logits })
+    }
+}

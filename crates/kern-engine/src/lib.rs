@@ -1,0 +1,22 @@
+//! kern-engine: the serving loop. A request queue, the step loop on its own thread (scheduler →
+//! step inputs → program → sampled ids → text), abort, drain, metrics.
+//!
+//! GPU-free at its boundary: the loop drives a [`Model`]. [`gpu::GpuModel`] runs a manifest's
+//! program through `kern-runtime` (the only other implementation); [`fake::FakeModel`] is a
+//! deterministic CPU model with a real paged KV store, which the engine's and the server's
+//! tests run on. Clients (`kern generate`, `kern serve`) only submit [`Request`]s and read
+//! [`Event`]s.
+
+mod engine;
+pub mod fake;
+pub mod gpu;
+mod metrics;
+mod model;
+mod output;
+mod request;
+pub mod sample;
+
+pub use engine::{Engine, EngineConfig, EngineInfo, RequestHandle, State, SubmitError};
+pub use metrics::Metrics;
+pub use model::{Model, ModelError, ModelInfo, StepOutput};
+pub use request::{Event, FinishReason, Request, RequestId, Sampling, StopReason, TokenLogprob};

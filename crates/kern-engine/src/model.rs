@@ -1,0 +1,71 @@
+//! The boundary between the engine and whatever computes a step: [`Model`]. The real one is
+//! [`crate::gpu::GpuModel`] (a manifest's program on a GPU through `kern-runtime`); the other
+//! is [`crate::fake::FakeModel`], deterministic and CPU-only, which the engine's and the
+//! server's tests run against.
+
+use kern_sched::Step;
+
+/// What the engine needs to know about a model to schedule it.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    /// Most new tokens in one step (the step ABI's `tokens` var max).
+    pub max_step_tokens: usize,
+    /// Most sequences in one step (the `seqs` var max).
+    pub max_step_seqs: usize,
+    /// Block-table row length (the `pages` var max).
+    pub pages_per_seq: usize,
+    /// Tokens per KV page.
+    pub page_tokens: usize,
+    /// Pages in the KV pool.
+    pub total_pages: usize,
+    /// Rows of the `logits` output (0 when the model has none).
+    pub vocab: usize,
+    /// Whether the step returns last-position logits on request (needed for logprobs and for
+    /// sampling on the host).
+    pub logits: bool,
+    /// Whether the program samples with temperature / top-k / top-p itself (else it is greedy
+    /// only, and sampled requests are sampled on the host from the logits).
+    pub gpu_sampling: bool,
+}
+
+impl ModelInfo {
+    /// The longest context a sequence may reach.
+    pub fn max_context(&self) -> usize {
+        self.pages_per_seq * self.page_tokens
+    }
+}
+
+/// One step's results, for the real (unpadded) sequences of the step.
+#[derive(Clone, Debug, Default)]
+pub struct StepOutput {
+    /// The sampled (or greedy) next token of each real sequence.
+    pub sampled: Vec<i32>,
+    /// `[real_seqs, vocab]` last-position logits, when they were asked for.
+    pub logits: Option<Vec<f32>>,
+}
+
+/// A step that failed. A failure is fatal for the engine: GPU faults are sticky, so the
+/// requests in flight fail and the process should exit (a supervisor restarts it).
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ModelError(pub String);
+
+/// Something that runs steps. Constructed on the engine's thread (a CUDA context is bound to
+/// the thread that made it) and used only there.
+pub trait Model {
+    fn info(&self) -> &ModelInfo;
+
+    /// The padded sizes `(tokens, seqs)` the step is built at (CUDA-graph buckets for decode
+    /// steps). The default pads nothing.
+    fn pad(&self, tokens: usize, seqs: usize, _decode: bool) -> (usize, usize) {
+        (tokens, seqs)
+    }
+
+    /// Runs one step; `want_logits` asks for the last-position logits too.
+    fn step(&mut self, step: &Step, want_logits: bool) -> Result<StepOutput, ModelError>;
+
+    /// Work before the first request (e.g. capturing CUDA graphs); `progress(done, total)`.
+    fn warm_up(&mut self, _progress: &mut dyn FnMut(usize, usize)) -> Result<(), ModelError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,104 @@
+//! Host-side math on a logits row: log-softmax for logprobs, and sampling with temperature,
+//! top-k, top-p and min-p for requests the program cannot sample itself. The random stream of
+//! a sampled token is (seed, position), as in the step ABI, so a preempted and recomputed
+//! sequence draws the same tokens.
+
+use crate::request::{Sampling, TokenLogprob};
+
+/// log-softmax of `row` at `token` and the `top` most likely ids.
+pub fn logprobs(row: &[f32], token: u32, top: usize) -> TokenLogprob {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = row.iter().map(|&x| ((x - max) as f64).exp()).sum();
+    let lse = max as f64 + sum.ln();
+    let lp = |x: f32| (x as f64 - lse) as f32;
+    let mut best: Vec<(u32, f32)> = Vec::new();
+    if top > 0 {
+        let mut idx: Vec<u32> = (0..row.len() as u32).collect();
+        let k = top.min(idx.len());
+        idx.select_nth_unstable_by(k - 1, |&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+        idx.truncate(k);
+        idx.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+        best = idx.into_iter().map(|i| (i, lp(row[i as usize]))).collect();
+    }
+    TokenLogprob { token, logprob: row.get(token as usize).map_or(f32::NEG_INFINITY, |&x| lp(x)), top: best }
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// Samples from `row` with `s`'s truncations; `position` is the sampled token's position.
+/// Greedy (temperature 0) is the argmax, lowest id on ties.
+pub fn sample(row: &[f32], s: &Sampling, seed: u64, position: u64) -> u32 {
+    let argmax = || row.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32;
+    if s.temperature <= 0.0 || row.is_empty() {
+        return argmax();
+    }
+    let mut idx: Vec<usize> = (0..row.len()).collect();
+    idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+    if s.top_k > 0 {
+        idx.truncate(s.top_k as usize);
+    }
+    let max = row[idx[0]];
+    let mut p: Vec<f64> = idx.iter().map(|&i| (((row[i] - max) / s.temperature) as f64).exp()).collect();
+    let total: f64 = p.iter().sum();
+    p.iter_mut().for_each(|x| *x /= total);
+    if s.min_p > 0.0 {
+        let cut = p[0] * s.min_p as f64;
+        let keep = p.iter().take_while(|&&x| x >= cut).count().max(1);
+        p.truncate(keep);
+    }
+    if s.top_p < 1.0 {
+        let mut acc = 0.0;
+        let keep = p.iter().take_while(|&&x| {
+            let before = acc;
+            acc += x;
+            before < s.top_p as f64
+        });
+        let keep = keep.count().max(1);
+        p.truncate(keep);
+    }
+    let total: f64 = p.iter().sum();
+    let u = (splitmix(splitmix(seed) ^ position) >> 11) as f64 / (1u64 << 53) as f64 * total;
+    let mut acc = 0.0;
+    for (j, &x) in p.iter().enumerate() {
+        acc += x;
+        if u < acc {
+            return idx[j] as u32;
+        }
+    }
+    idx[p.len() - 1] as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_sorted_alternatives() {
+        let row = [1.0f32, 3.0, 2.0, 3.0];
+        let lp = logprobs(&row, 2, 3);
+        let z: f64 = row.iter().map(|&x| (x as f64).exp()).sum();
+        assert!((lp.logprob as f64 - (2.0 - z.ln())).abs() < 1e-6);
+        assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 2], "ties by id");
+        assert!(logprobs(&row, 99, 0).logprob.is_infinite());
+    }
+
+    #[test]
+    fn min_p_and_top_k_truncate_and_the_stream_is_per_position() {
+        let row = [10.0f32, 9.9, 0.0, -5.0];
+        let s = Sampling { temperature: 1.0, min_p: 0.5, ..Default::default() };
+        for pos in 0..200 {
+            assert!(sample(&row, &s, 7, pos) < 2, "min_p keeps only the two likely ids");
+            assert_eq!(sample(&row, &s, 7, pos), sample(&row, &s, 7, pos), "same (seed, position), same token");
+        }
+        let seen: std::collections::HashSet<u32> = (0..200).map(|p| sample(&row, &s, 7, p)).collect();
+        assert_eq!(seen.len(), 2, "both survivors are drawn");
+        let k1 = Sampling { temperature: 1.0, top_k: 1, ..Default::default() };
+        assert!((0..50).all(|p| sample(&row, &k1, 3, p) == 0));
+        assert_eq!(sample(&row, &Sampling::default(), 0, 0), 0, "greedy");
+    }
+}

@@ -1,0 +1,247 @@
+//! The engine on the fake model (CPU): outputs equal to the model's reference under
+//! preemption and concurrency, stop strings across token boundaries, UTF-8 split across
+//! tokens, abort frees pages, a failing step fails the requests in flight, drain, logprobs,
+//! host sampling and the queue limit.
+
+use kern_engine::fake::{hash_rule, FakeModel, Rule};
+use kern_engine::{Engine, EngineConfig, Event, FinishReason, Model, ModelInfo, Request, RequestHandle, Sampling, State, StopReason, SubmitError};
+use kern_tokenizer::Tokenizer;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+fn qwen3() -> Arc<Tokenizer> {
+    static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOK.get_or_init(|| {
+        let root = std::env::var_os("KERN_TEST_DATA").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../build/test-data"));
+        let dir = root.join("qwen3-tokenizer");
+        Arc::new(Tokenizer::from_dir(&dir).unwrap_or_else(|e| panic!("{e} (run scripts/fetch-test-data.sh)")))
+    })
+    .clone()
+}
+
+const VOCAB: usize = 151_936;
+
+fn info(pages: usize, seqs: usize, tokens: usize) -> ModelInfo {
+    ModelInfo { max_step_tokens: tokens, max_step_seqs: seqs, pages_per_seq: 64, page_tokens: 4, total_pages: pages, vocab: VOCAB, logits: true, gpu_sampling: true }
+}
+
+fn start(model: FakeModel, cfg: EngineConfig, tok: bool) -> Engine {
+    let e = Engine::start(cfg, tok.then(qwen3), move || Ok(Box::new(model) as Box<dyn Model>));
+    e.wait_ready().expect("ready");
+    e
+}
+
+struct Collected {
+    text: String,
+    chunks: Vec<String>,
+    tokens: Vec<u32>,
+    logprobs: Vec<kern_engine::TokenLogprob>,
+    end: Event,
+}
+
+fn collect(mut h: RequestHandle) -> Collected {
+    let mut c = Collected { text: String::new(), chunks: vec![], tokens: vec![], logprobs: vec![], end: Event::Failed("no end".into()) };
+    while let Some(e) = h.blocking_recv() {
+        match e {
+            Event::Output { text, tokens, logprobs } => {
+                c.text.push_str(&text);
+                c.chunks.push(text);
+                c.tokens.extend(tokens);
+                c.logprobs.extend(logprobs);
+            }
+            end => {
+                c.end = end;
+                break;
+            }
+        }
+    }
+    c
+}
+
+fn wait_for(what: &str, f: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn metric(e: &Engine, name: &str) -> f64 {
+    let text = e.metrics().render();
+    text.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' ')).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name} not in /metrics:\n{text}"))
+}
+
+#[test]
+fn many_concurrent_requests_with_preemption_get_exactly_the_reference_tokens() {
+    // 40 pages of 4 tokens for 64 requests of up to 60 tokens: constant preemption.
+    let rule = hash_rule(VOCAB);
+    let e = start(FakeModel::new(info(40, 8, 32), rule.clone()), EngineConfig::default(), false);
+    let reqs: Vec<(Vec<u32>, usize)> = (0..64u32).map(|i| ((0..(5 + i % 23)).map(|t| t * 131 + i).collect(), 8 + (i as usize * 7) % 30)).collect();
+    let handles: Vec<_> = reqs.iter().map(|(p, n)| e.submit(Request { ignore_eos: true, ..Request::new(p.clone(), *n) }).unwrap()).collect();
+    let threads: Vec<_> = handles.into_iter().map(|h| std::thread::spawn(move || collect(h))).collect();
+    for ((p, n), t) in reqs.iter().zip(threads) {
+        let c = t.join().unwrap();
+        assert_eq!(c.tokens, FakeModel::reference(&rule, p, *n), "no token lost, duplicated or changed");
+        assert_eq!(c.end, Event::Finished { reason: FinishReason::Length, stop_reason: None, prompt_tokens: p.len(), completion_tokens: *n });
+    }
+    assert!(metric(&e, "kern:num_preemptions_total") > 0.0, "the pool was too small: preemption happened");
+    wait_for("pages back", || metric(&e, "kern:kv_cache_used_pages") == 0.0);
+    assert_eq!(metric(&e, "kern:num_requests_running"), 0.0);
+    let gen: usize = reqs.iter().map(|r| r.1).sum();
+    assert_eq!(metric(&e, "kern:generation_tokens_total"), gen as f64);
+}
+
+/// A rule that generates `script` after a prompt of `prompt_len` tokens, then repeats it.
+fn script_rule(script: Vec<u32>, prompt_len: usize) -> Rule {
+    Arc::new(move |ctx: &[u32]| script[(ctx.len() - prompt_len) % script.len()])
+}
+
+#[test]
+fn stop_strings_split_across_tokens_are_matched_and_never_emitted() {
+    let tok = qwen3();
+    let text = "The answer is 42.\nDone, truly done.";
+    let script = tok.encode(text, false).unwrap();
+    let prompt = tok.encode("Q: what is it?", false).unwrap();
+    // The stop string starts inside one token and ends inside another.
+    let stop = "s 42.\nD";
+    let e = start(FakeModel::new(info(64, 8, 64), script_rule(script.clone(), prompt.len())), EngineConfig::default(), true);
+    let c = collect(e.submit(Request { stop: vec!["nomatch-xyz".into(), stop.into()], ..Request::new(prompt.clone(), 40) }).unwrap());
+    assert_eq!(c.text, "The answer i");
+    assert!(c.chunks.iter().all(|ch| !ch.contains('4')), "no part of the stop string streamed: {:?}", c.chunks);
+    assert_eq!(c.end, Event::Finished { reason: FinishReason::Stop, stop_reason: Some(StopReason::Text(stop.into())), prompt_tokens: prompt.len(), completion_tokens: c.tokens.len() });
+    // include_stop_str keeps it; no stop → the whole script (max_tokens = its length).
+    let c = collect(e.submit(Request { stop: vec![stop.into()], include_stop_str: true, ..Request::new(prompt.clone(), 40) }).unwrap());
+    assert_eq!(c.text, "The answer is 42.\nD");
+    let c = collect(e.submit(Request::new(prompt.clone(), script.len())).unwrap());
+    assert_eq!(c.text, text);
+    wait_for("pages back", || metric(&e, "kern:kv_cache_used_pages") == 0.0);
+}
+
+#[test]
+fn utf8_split_across_tokens_streams_whole_characters_only() {
+    let tok = qwen3();
+    let text = "日本語のテキスト🙂👍🏽 ok ñ";
+    let script = tok.encode(text, false).unwrap();
+    assert!(script.len() > text.chars().count() / 2, "byte-level pieces");
+    let prompt = vec![9707u32, 11];
+    let e = start(FakeModel::new(info(64, 8, 64), script_rule(script.clone(), prompt.len())), EngineConfig::default(), true);
+    let c = collect(e.submit(Request::new(prompt, script.len())).unwrap());
+    assert_eq!(c.text, text);
+    assert!(c.chunks.iter().all(|ch| !ch.contains('\u{FFFD}')), "{:?}", c.chunks);
+    assert!(c.chunks.iter().any(|ch| ch.is_empty()), "some tokens held back half a character");
+}
+
+#[test]
+fn end_of_sequence_and_stop_token_ids() {
+    let eos = 151645u32;
+    let prompt = vec![1u32, 2, 3];
+    let script = vec![10u32, 11, eos, 12, 13, 14];
+    let e = start(FakeModel::new(info(64, 8, 64), script_rule(script, 3)), EngineConfig { eos: vec![eos], ..Default::default() }, false);
+    let c = collect(e.submit(Request::new(prompt.clone(), 10)).unwrap());
+    assert_eq!(c.tokens, vec![10, 11, eos]);
+    assert_eq!(c.end, Event::Finished { reason: FinishReason::Stop, stop_reason: None, prompt_tokens: 3, completion_tokens: 3 });
+    let c = collect(e.submit(Request { ignore_eos: true, stop_token_ids: vec![13], ..Request::new(prompt.clone(), 10) }).unwrap());
+    assert_eq!(c.tokens, vec![10, 11, eos, 12, 13]);
+    assert_eq!(c.end, Event::Finished { reason: FinishReason::Stop, stop_reason: Some(StopReason::Token(13)), prompt_tokens: 3, completion_tokens: 5 });
+}
+
+#[test]
+fn dropping_a_handle_aborts_the_request_and_frees_its_pages() {
+    let mut m = FakeModel::new(info(64, 8, 64), hash_rule(VOCAB));
+    m.step_delay = Duration::from_millis(5);
+    let e = start(m, EngineConfig::default(), false);
+    let mut h = e.submit(Request { ignore_eos: true, ..Request::new((0..30).collect(), 200) }).unwrap();
+    let first = h.blocking_recv().unwrap();
+    assert!(matches!(first, Event::Output { .. }));
+    assert!(metric(&e, "kern:kv_cache_used_pages") > 0.0);
+    drop(h);
+    wait_for("the abort", || metric(&e, "kern:kv_cache_used_pages") == 0.0 && metric(&e, "kern:num_requests_running") == 0.0);
+    assert!(e.metrics().render().contains("kern:request_success_total{finished_reason=\"abort\"} 1"));
+}
+
+#[test]
+fn a_failing_step_fails_every_request_in_flight_and_stops_the_engine() {
+    let mut m = FakeModel::new(info(64, 8, 64), hash_rule(VOCAB));
+    m.fail_at_step = Some(3);
+    let e = start(m, EngineConfig::default(), false);
+    let hs: Vec<_> = (0..3).map(|i| e.submit(Request { ignore_eos: true, ..Request::new(vec![i + 1; 5], 50) }).unwrap()).collect();
+    for h in hs {
+        match collect(h).end {
+            Event::Failed(msg) => assert!(msg.contains("layer3.attn"), "names the op: {msg}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    wait_for("failed state", || e.state() == State::Failed);
+    assert!(matches!(e.submit(Request::new(vec![1], 1)), Err(SubmitError::Failed(m)) if m.contains("layer3.attn")));
+    e.join();
+}
+
+#[test]
+fn drain_finishes_running_requests_then_stops() {
+    let mut m = FakeModel::new(info(64, 8, 64), hash_rule(VOCAB));
+    m.step_delay = Duration::from_millis(2);
+    let e = start(m, EngineConfig::default(), false);
+    let h = e.submit(Request { ignore_eos: true, ..Request::new(vec![5; 5], 20) }).unwrap();
+    e.drain();
+    assert!(matches!(e.submit(Request::new(vec![1], 1)), Err(SubmitError::Draining)));
+    let c = collect(h);
+    assert_eq!(c.tokens.len(), 20, "the running request finished");
+    e.join();
+    assert_eq!(e.state(), State::Stopped);
+}
+
+#[test]
+fn logprobs_and_host_sampling() {
+    let e = start(FakeModel::new(info(64, 8, 64), hash_rule(VOCAB)), EngineConfig::default(), false);
+    let c = collect(e.submit(Request { logprobs: Some(3), ignore_eos: true, ..Request::new(vec![7; 9], 6) }).unwrap());
+    assert_eq!(c.logprobs.len(), 6);
+    for (lp, t) in c.logprobs.iter().zip(&c.tokens) {
+        assert_eq!(lp.token, *t);
+        assert_eq!(lp.top.len(), 3);
+        assert_eq!(lp.top[0].0, *t, "the fake's chosen token is its argmax");
+        assert!(lp.logprob <= 0.0 && (lp.logprob - lp.top[0].1).abs() < 1e-6);
+    }
+    let sampled = |seed| {
+        let s = Sampling { temperature: 1.0, min_p: 0.01, seed: Some(seed), ..Default::default() };
+        collect(e.submit(Request { sampling: s, ignore_eos: true, ..Request::new(vec![7; 9], 12) }).unwrap()).tokens
+    };
+    assert_eq!(sampled(1), sampled(1), "seeded host sampling is reproducible");
+    assert_ne!(sampled(1), sampled(2));
+}
+
+#[test]
+fn invalid_requests_name_the_field() {
+    let e = start(FakeModel::new(info(64, 8, 64), hash_rule(VOCAB)), EngineConfig::default(), false);
+    let field = |r: Request| match e.submit(r) {
+        Err(SubmitError::Invalid { field, message }) => (field, message),
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("accepted"),
+    };
+    let (f, m) = field(Request::new(vec![1; 300], 10));
+    assert_eq!(f, "prompt");
+    assert!(m.contains("256") && m.contains("300"), "{m}");
+    let (f, m) = field(Request::new(vec![1; 200], 100));
+    assert_eq!(f, "max_tokens");
+    assert!(m.contains("at most 56"), "{m}");
+    assert_eq!(field(Request { sampling: Sampling { top_p: 0.0, ..Default::default() }, ..Request::new(vec![1], 1) }).0, "top_p");
+    assert_eq!(field(Request { sampling: Sampling { temperature: f32::NAN, ..Default::default() }, ..Request::new(vec![1], 1) }).0, "temperature");
+    assert_eq!(field(Request::new(vec![VOCAB as u32], 1)).0, "prompt");
+}
+
+#[test]
+fn a_full_queue_refuses_new_requests() {
+    let mut m = FakeModel::new(info(64, 1, 64), hash_rule(VOCAB));
+    m.step_delay = Duration::from_millis(20);
+    let e = start(m, EngineConfig { max_queue: 2, ..Default::default() }, false);
+    let mut held = vec![];
+    let mut refused = 0;
+    for _ in 0..5 {
+        match e.submit(Request { ignore_eos: true, ..Request::new(vec![1; 4], 50) }) {
+            Ok(h) => held.push(h),
+            Err(SubmitError::QueueFull { .. }) => refused += 1,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert!(refused >= 2, "one runs, two wait, the rest are refused ({refused})");
+}
