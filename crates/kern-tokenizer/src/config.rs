@@ -8,6 +8,9 @@ use tokenizers::AddedToken;
 
 pub(crate) const TOKENIZER_CONFIG: &str = "tokenizer_config.json";
 pub(crate) const GENERATION_CONFIG: &str = "generation_config.json";
+/// transformers ≥ 4.43 saves the chat template in this file beside `tokenizer_config.json`;
+/// when present it wins over the configuration's `chat_template`.
+pub(crate) const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 
 /// What the configuration files say.
 #[derive(Default)]
@@ -15,6 +18,9 @@ pub(crate) struct Found {
     pub eos: Vec<u32>,
     pub bos: Option<u32>,
     pub chat_template: Option<String>,
+    /// `tokenizer_config.json`'s `bos_token` / `eos_token` text (what chat templates see).
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
 }
 
 /// Reads the configuration files in `dir` that exist, registers added tokens that
@@ -47,8 +53,21 @@ pub(crate) fn read(dir: &Path, tok: &mut tokenizers::Tokenizer) -> Result<Found>
         }
     }
 
+    let template_path = dir.join(CHAT_TEMPLATE_FILE);
+    let template_file = match std::fs::read_to_string(&template_path) {
+        Ok(s) => Some(s),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(source) => {
+            return Err(TokenizerError::Io {
+                path: template_path,
+                what: "cannot read the chat template",
+                source,
+            })
+        }
+    };
     let cfg_path = dir.join(TOKENIZER_CONFIG);
     let Some(cfg) = read_json(&cfg_path)? else {
+        found.chat_template = template_file;
         return Ok(found);
     };
     let bad = |m: String| config_error(&cfg_path, m);
@@ -102,6 +121,7 @@ pub(crate) fn read(dir: &Path, tok: &mut tokenizers::Tokenizer) -> Result<Found>
         if !found.eos.contains(&id) {
             found.eos.push(id);
         }
+        found.eos_token = Some(name);
     }
     if let Some(name) = token_name(cfg.get("bos_token")) {
         let id = tok.token_to_id(&name).ok_or_else(|| {
@@ -110,6 +130,7 @@ pub(crate) fn read(dir: &Path, tok: &mut tokenizers::Tokenizer) -> Result<Found>
             ))
         })?;
         found.bos.get_or_insert(id);
+        found.bos_token = Some(name);
     }
     found.chat_template = match cfg.get("chat_template") {
         None | Some(Value::Null) => None,
@@ -124,6 +145,9 @@ pub(crate) fn read(dir: &Path, tok: &mut tokenizers::Tokenizer) -> Result<Found>
             .map(str::to_string),
         Some(v) => return Err(bad(format!("`chat_template` is {}, not a string", kind(v)))),
     };
+    if template_file.is_some() {
+        found.chat_template = template_file;
+    }
     Ok(found)
 }
 

@@ -11,9 +11,11 @@
 mod chat;
 mod config;
 mod detok;
+mod template;
 
 pub use chat::chatml;
 pub use detok::Detokenizer;
+pub use template::{ChatTemplate, ContentFormat, TemplateError};
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -53,6 +55,8 @@ pub struct Tokenizer {
     eos: Vec<u32>,
     bos: Option<u32>,
     chat_template: Option<String>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
     special: HashSet<u32>,
 }
 
@@ -95,6 +99,8 @@ impl Tokenizer {
             eos: found.eos,
             bos: found.bos,
             chat_template: found.chat_template,
+            bos_token: found.bos_token,
+            eos_token: found.eos_token,
             special,
         })
     }
@@ -160,10 +166,21 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
-    /// The Jinja chat template of `tokenizer_config.json` (kern does not render it; see
-    /// [`chatml`]).
+    /// The Jinja chat template: `chat_template.jinja` beside `tokenizer.json` when present,
+    /// else `tokenizer_config.json`'s `chat_template`.
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
+    }
+
+    /// The chat template compiled with this tokenizer's `bos_token` and `eos_token` (the
+    /// strings `tokenizer_config.json` names); `None` when the tokenizer has no template.
+    pub fn chat_template_renderer(&self) -> Option<Result<ChatTemplate, TemplateError>> {
+        let source = self.chat_template.as_deref()?;
+        Some(ChatTemplate::new(
+            source,
+            self.bos_token.clone(),
+            self.eos_token.clone(),
+        ))
     }
 
     /// A fresh incremental decoder for one sequence.
