@@ -70,6 +70,21 @@ pub struct EngineInfo {
     pub startup_secs: f64,
 }
 
+/// Steps of one kind.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Phase {
+    pub steps: u64,
+    /// Tokens computed (prompt tokens for prefill steps, one per sequence for decode).
+    pub tokens: u64,
+    pub secs: f64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Phases {
+    pub prefill: Phase,
+    pub decode: Phase,
+}
+
 /// Why a request was not queued.
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum SubmitError {
@@ -102,6 +117,7 @@ struct Inner {
     pending: AtomicUsize,
     running: AtomicUsize,
     metrics: Metrics,
+    phases: Mutex<Phases>,
     max_queue: usize,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -169,6 +185,7 @@ impl Engine {
             pending: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
             metrics: Metrics::new(),
+            phases: Mutex::new(Phases::default()),
             max_queue: cfg.max_queue,
             thread: Mutex::new(None),
         });
@@ -209,6 +226,12 @@ impl Engine {
 
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// Steps so far, split into prefill (any prompt chunk) and pure decode steps; time is host
+    /// wall time around the model's step (inputs up, program, outputs back).
+    pub fn phases(&self) -> Phases {
+        *self.inner.phases.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Blocks until the model is loaded (Ok) or loading failed (Err with the reason).
@@ -311,8 +334,8 @@ fn validate(info: &EngineInfo, req: &Request) -> Result<(), SubmitError> {
         return bad("top_k", format!("top_k must be 0 (off) or positive, not {}", s.top_k));
     }
     let host = needs_host_sampling(&info.model, req);
-    if (host || req.logprobs.is_some()) && !info.model.logits {
-        let field = if req.logprobs.is_some() { "logprobs" } else if s.min_p > 0.0 { "min_p" } else { "temperature" };
+    if (host || req.logprobs.is_some() || req.return_logits) && !info.model.logits {
+        let field = if req.logprobs.is_some() { "logprobs" } else if req.return_logits { "return_logits" } else if s.min_p > 0.0 { "min_p" } else { "temperature" };
         return bad(field, format!("`{field}` needs the model's logits, and this model's manifest binds no `logits` step output"));
     }
     if let Some(n) = req.logprobs {
@@ -491,7 +514,7 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
                 }
             }
         }
-        let want_logits = step.seqs.iter().any(|ss| ss.samples && live.get(&ss.id).is_some_and(|lv| lv.host_sample || lv.req.logprobs.is_some()));
+        let want_logits = step.seqs.iter().any(|ss| ss.samples && live.get(&ss.id).is_some_and(|lv| lv.host_sample || lv.req.logprobs.is_some() || lv.req.return_logits));
         // 3. The model.
         let out = match model.step(&step, want_logits) {
             Ok(o) => o,
@@ -506,6 +529,13 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
         };
         m.steps.inc();
         m.iteration_tokens.observe(step.real_tokens as f64);
+        {
+            let mut ps = inner.phases.lock().unwrap_or_else(|p| p.into_inner());
+            let ph = if step.is_decode() { &mut ps.decode } else { &mut ps.prefill };
+            ph.steps += 1;
+            ph.tokens += step.real_tokens as u64;
+            ph.secs += now.elapsed().as_secs_f64();
+        }
         let vocab = mi.vocab;
         let row_logits = |row: usize| out.logits.as_ref().and_then(|l| l.get(row * vocab..(row + 1) * vocab));
         let mut sampled = out.sampled.clone();
@@ -558,7 +588,8 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
                     Err(e) => text.push_str(&format!("\u{FFFD}[{e}]")),
                 }
             }
-            lv.send(Event::Output { text, tokens: vec![o.token], logprobs: lps });
+            let logits = if lv.req.return_logits { row_logits(o.row).map(<[f32]>::to_vec).unwrap_or_default() } else { vec![] };
+            lv.send(Event::Output { text, tokens: vec![o.token], logprobs: lps, logits });
             if let Some((reason, stop)) = end {
                 let lv = live.remove(&o.id).expect("present");
                 seq_of.remove(&lv.id);

@@ -16,7 +16,7 @@ mod output;
 mod request;
 pub mod sample;
 
-pub use engine::{Engine, EngineConfig, EngineInfo, RequestHandle, State, SubmitError};
+pub use engine::{Engine, EngineConfig, EngineInfo, Phase, Phases, RequestHandle, State, SubmitError};
 pub use metrics::Metrics;
 pub use model::{Model, ModelError, ModelInfo, StepOutput};
 pub use request::{Event, FinishReason, Request, RequestId, Sampling, StopReason, TokenLogprob};

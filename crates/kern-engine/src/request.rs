@@ -44,6 +44,9 @@ pub struct Request {
     pub logprobs: Option<usize>,
     /// Leave special tokens out of the text.
     pub skip_special_tokens: bool,
+    /// Return each generated token's full last-position logits row (`Event::Output::logits`;
+    /// for debugging and parity checks, e.g. `kern generate --dump`).
+    pub return_logits: bool,
     /// When the client sent it (TTFT and queue time count from here).
     pub arrival: Instant,
 }
@@ -60,6 +63,7 @@ impl Request {
             ignore_eos: false,
             logprobs: None,
             skip_special_tokens: true,
+            return_logits: false,
             arrival: Instant::now(),
         }
     }
@@ -109,7 +113,8 @@ pub enum StopReason {
 pub enum Event {
     /// New output: text that is final (whole UTF-8 characters, stop strings held back until
     /// they are ruled out) and the tokens generated since the last event.
-    Output { text: String, tokens: Vec<u32>, logprobs: Vec<TokenLogprob> },
+    /// `logits` holds the tokens' logits rows only when the request asked for them.
+    Output { text: String, tokens: Vec<u32>, logprobs: Vec<TokenLogprob>, logits: Vec<f32> },
     Finished { reason: FinishReason, stop_reason: Option<StopReason>, prompt_tokens: usize, completion_tokens: usize },
     /// The engine failed (a GPU fault): the request is lost; the message names the op.
     Failed(String),

@@ -44,7 +44,7 @@ fn collect(mut h: RequestHandle) -> Collected {
     let mut c = Collected { text: String::new(), chunks: vec![], tokens: vec![], logprobs: vec![], end: Event::Failed("no end".into()) };
     while let Some(e) = h.blocking_recv() {
         match e {
-            Event::Output { text, tokens, logprobs } => {
+            Event::Output { text, tokens, logprobs, .. } => {
                 c.text.push_str(&text);
                 c.chunks.push(text);
                 c.tokens.extend(tokens);

@@ -15,5 +15,5 @@ mod scheduler;
 mod step;
 
 pub use blocks::{BlockManager, PageError};
-pub use scheduler::{AddError, Finish, SamplingParams, Scheduler, SchedulerConfig, SeqId, SeqOutput};
+pub use scheduler::{AddError, Finish, Limits, SamplingParams, Scheduler, SchedulerConfig, SeqId, SeqOutput};
 pub use step::{Step, StepSeq};

@@ -99,6 +99,38 @@ pub enum AddError {
     PoolTooSmall { needed: usize, total: usize },
 }
 
+/// What a request must fit: checked by [`Scheduler::add`], and by a server before it queues a
+/// request (so it can answer at once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub max_context: usize,
+    pub total_pages: usize,
+    pub page_tokens: usize,
+}
+
+impl Limits {
+    pub fn check(&self, prompt: usize, max_tokens: usize) -> Result<(), AddError> {
+        if prompt == 0 {
+            return Err(AddError::EmptyPrompt);
+        }
+        if max_tokens == 0 {
+            return Err(AddError::NoTokens);
+        }
+        let max_context = self.max_context;
+        if prompt >= max_context {
+            return Err(AddError::PromptTooLong { prompt, max_context });
+        }
+        if prompt + max_tokens > max_context {
+            return Err(AddError::TooLong { prompt, max_tokens, max_context });
+        }
+        let needed = (prompt + max_tokens).div_ceil(self.page_tokens);
+        if needed > self.total_pages {
+            return Err(AddError::PoolTooSmall { needed, total: self.total_pages });
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug)]
 struct Seq {
     id: SeqId,
@@ -141,26 +173,14 @@ impl Scheduler {
         self.cfg.max_context.min(self.cfg.pages_per_seq * self.blocks.page_tokens())
     }
 
+    /// The limits [`Scheduler::add`] checks a request against.
+    pub fn limits(&self) -> Limits {
+        Limits { max_context: self.max_context(), total_pages: self.blocks.total_pages(), page_tokens: self.blocks.page_tokens() }
+    }
+
     /// Queues a request; errors say what does not fit.
     pub fn add(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<SeqId, AddError> {
-        if prompt.is_empty() {
-            return Err(AddError::EmptyPrompt);
-        }
-        if params.max_tokens == 0 {
-            return Err(AddError::NoTokens);
-        }
-        let max_context = self.max_context();
-        if prompt.len() >= max_context {
-            return Err(AddError::PromptTooLong { prompt: prompt.len(), max_context });
-        }
-        let need = prompt.len() + params.max_tokens;
-        if need > max_context {
-            return Err(AddError::TooLong { prompt: prompt.len(), max_tokens: params.max_tokens, max_context });
-        }
-        let pages = self.blocks.pages_for(need);
-        if pages > self.blocks.total_pages() {
-            return Err(AddError::PoolTooSmall { needed: pages, total: self.blocks.total_pages() });
-        }
+        self.limits().check(prompt.len(), params.max_tokens)?;
         let id = self.next_id;
         self.next_id += 1;
         self.waiting.push_back(Seq { id, tokens: prompt, computed: 0, generated: 0, pages: Vec::new(), params });

@@ -111,6 +111,12 @@ impl Step {
         st
     }
 
+    /// A step with no real sequence, padded to `tokens` × `seqs`: every row is padding (no KV
+    /// write, nothing sampled that matters). Used to capture CUDA graphs before traffic comes.
+    pub fn padding(tokens: usize, seqs: usize, pages: usize, page_tokens: usize) -> Step {
+        Step::build(&[], tokens, seqs, pages, page_tokens)
+    }
+
     /// Whether every sequence contributes exactly one token (a pure decode step).
     pub fn is_decode(&self) -> bool {
         self.seqs.iter().all(|s| s.n == 1)
