@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Install the pinned CUDA compiler, cuobjdump and Triton from PyPI into <repo>/.venv-cuda.
+# Install the pinned CUDA compiler, cuobjdump and Triton from PyPI into <repo>/.venv-cuda, and
+# the pinned `gguf` package (llama.cpp's gguf-py; its dequantizer is the reference that
+# scripts/gen-gguf-quants.py records for kern's bit-exactness test).
 # No GPU and no system CUDA toolkit are needed: kern's tests compile real kernels with these
 # to cubins, PTX, fatbins and host .so files, and compare kern's readers with cuobjdump.
 #
@@ -15,6 +17,7 @@ PKGS=(
   nvidia-cuda-nvcc==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88
   nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85 nvidia-cuda-cuobjdump==13.2.51
   triton==3.6.0
+  gguf==0.19.0
 )
 STAMP="$VENV/.kern-toolchain"
 WANT="${PKGS[*]}"

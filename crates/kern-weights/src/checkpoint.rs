@@ -1,8 +1,9 @@
-//! Opening a checkpoint: one safetensors file, or the shards a `model.safetensors.index.json`
-//! names. Files are memory-mapped and only their headers are read when opening; tensor bytes
-//! are touched when a caller reads a [`TensorView`]'s data.
+//! Opening a checkpoint: one safetensors file, the shards a `model.safetensors.index.json`
+//! names, or one GGUF file. Files are memory-mapped and only their headers are read when
+//! opening; tensor bytes are touched when a caller reads a [`TensorView`]'s data.
 
 use crate::error::{Result, WeightsError};
+use crate::gguf::{self, GgmlType, Gguf};
 use crate::suggest::similar;
 use kern_manifest::DType;
 use memmap2::Mmap;
@@ -23,6 +24,10 @@ pub struct Checkpoint {
     path: PathBuf,
     files: Vec<Shard>,
     tensors: HashMap<String, Entry>,
+    /// The parsed header when the checkpoint is a GGUF file.
+    gguf: Option<Gguf>,
+    /// safetensors `__metadata__` entries (all shards merged).
+    metadata: BTreeMap<String, String>,
 }
 
 #[derive(Debug)]
@@ -34,11 +39,18 @@ struct Shard {
 #[derive(Debug)]
 struct Entry {
     shard: usize,
-    dtype: Dtype,
+    kind: Kind,
     shape: Vec<usize>,
     /// Byte range of the data in the file.
     start: usize,
     end: usize,
+}
+
+/// A tensor's element type as its file states it.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Safetensors(Dtype),
+    Gguf(GgmlType),
 }
 
 /// One tensor of a checkpoint, borrowed from its memory-mapped file.
@@ -50,11 +62,15 @@ pub struct TensorView<'a> {
     /// kern's name for the element type; `None` for a type kern has no dtype for (F4, F6,
     /// F8_E8M0, the FNUZ FP8 variants, C64).
     pub dtype: Option<DType>,
-    /// The element type as the file writes it (`BF16`, `F32`, `I64`, ...).
+    /// The element type as the file writes it (`BF16`, `F32`, `I64`, `Q4_K`, ...).
     pub file_dtype: &'static str,
+    /// The ggml type, for a tensor of a GGUF file (block types such as Q4_K have no
+    /// [`TensorView::dtype`]; they are dequantized when loaded).
+    pub ggml: Option<GgmlType>,
     /// Dimensions, outermost first.
     pub shape: &'a [usize],
-    /// The row-major little-endian elements. Reading them pages the file in.
+    /// The row-major little-endian elements (for a block type: the blocks, row after row).
+    /// Reading them pages the file in.
     pub data: &'a [u8],
 }
 
@@ -67,9 +83,10 @@ impl TensorView<'_> {
 
 impl Checkpoint {
     /// Opens a checkpoint: a directory holding `model.safetensors.index.json` (sharded) or
-    /// `model.safetensors` or exactly one `*.safetensors` file; or the path of an index file or
-    /// of one safetensors file. Headers are parsed and checked (offsets inside the file, data
-    /// sizes matching shapes, no tensor in two shards); no tensor data is read.
+    /// `model.safetensors` or exactly one `*.safetensors` file, or else exactly one `*.gguf`
+    /// file; or the path of an index file, of one safetensors file or of one GGUF file.
+    /// Headers are parsed and checked (offsets inside the file, data sizes matching shapes, no
+    /// tensor in two shards); no tensor data is read.
     pub fn open(path: &Path) -> Result<Checkpoint> {
         let meta = std::fs::metadata(path).map_err(|source| WeightsError::Io {
             path: path.to_path_buf(),
@@ -85,13 +102,20 @@ impl Checkpoint {
             if single.is_file() {
                 return Self::open_files(path, vec![single]);
             }
-            let found = safetensors_in(path)?;
+            let found = files_in(path, "safetensors")?;
             return match found.as_slice() {
                 [one] => Self::open_files(path, vec![one.clone()]),
-                [] => Err(WeightsError::NotFound {
-                    path: path.to_path_buf(),
-                    message: format!("no checkpoint here: expected {INDEX_FILE}, {SINGLE_FILE} or one *.safetensors file"),
-                }),
+                [] => match files_in(path, "gguf")?.as_slice() {
+                    [one] => Self::open_gguf(path, one),
+                    [] => Err(WeightsError::NotFound {
+                        path: path.to_path_buf(),
+                        message: format!("no checkpoint here: expected {INDEX_FILE}, {SINGLE_FILE}, one *.safetensors file or one *.gguf file"),
+                    }),
+                    many => Err(WeightsError::NotFound {
+                        path: path.to_path_buf(),
+                        message: format!("{} *.gguf files: keep one model per directory, or open the file itself", many.len()),
+                    }),
+                },
                 many => Err(WeightsError::NotFound {
                     path: path.to_path_buf(),
                     message: format!(
@@ -108,7 +132,49 @@ impl Checkpoint {
         if is_index {
             return Self::open_index(path, path);
         }
+        if path.extension().is_some_and(|x| x == "gguf") || starts_with_gguf_magic(path) {
+            return Self::open_gguf(path, path);
+        }
         Self::open_files(path, vec![path.to_path_buf()])
+    }
+
+    fn open_gguf(path: &Path, file: &Path) -> Result<Checkpoint> {
+        let map = map_file(file)?;
+        let header = gguf::parse(&map, file)?;
+        if let Some(n) = header.get("split.count").and_then(gguf::Value::as_u64).filter(|&n| n > 1) {
+            let no = header.get("split.no").and_then(gguf::Value::as_u64).unwrap_or(0);
+            return Err(WeightsError::NotFound {
+                path: file.to_path_buf(),
+                message: format!(
+                    "part {} of a GGUF split into {n} files: merge the parts into one file first (llama.cpp: `llama-gguf-split --merge FIRST-PART OUT.gguf`)",
+                    no + 1
+                ),
+            });
+        }
+        let mut tensors = HashMap::with_capacity(header.tensors.len());
+        for t in &header.tensors {
+            // parse() checked that offset + bytes lies inside the file and that the element
+            // count fits in u64; a shape that does not fit usize is refused here.
+            let shape: Option<Vec<usize>> = t.shape().iter().map(|&d| usize::try_from(d).ok()).collect();
+            let (Some(shape), Ok(start), Ok(bytes)) = (shape, usize::try_from(t.offset), usize::try_from(t.bytes)) else {
+                return Err(WeightsError::BadGguf {
+                    path: file.to_path_buf(),
+                    offset: t.info_at,
+                    message: format!("tensor `{}` is too large for this machine's address space", t.name),
+                });
+            };
+            tensors.insert(
+                t.name.clone(),
+                Entry { shard: 0, kind: Kind::Gguf(t.ggml_type), shape, start, end: start + bytes },
+            );
+        }
+        Ok(Checkpoint {
+            path: path.to_path_buf(),
+            files: vec![Shard { path: file.to_path_buf(), map }],
+            tensors,
+            gguf: Some(header),
+            metadata: BTreeMap::new(),
+        })
     }
 
     fn open_index(path: &Path, index: &Path) -> Result<Checkpoint> {
@@ -200,6 +266,7 @@ impl Checkpoint {
     fn open_files(path: &Path, paths: Vec<PathBuf>) -> Result<Checkpoint> {
         let mut files = Vec::with_capacity(paths.len());
         let mut tensors: HashMap<String, Entry> = HashMap::new();
+        let mut metadata = BTreeMap::new();
         for p in paths {
             let shard = files.len();
             let map = map_file(&p)?;
@@ -209,13 +276,16 @@ impl Checkpoint {
             };
             let (n, meta) = SafeTensors::read_metadata(&map).map_err(|e| bad(explain(e, &map)))?;
             let data_start = 8 + n;
+            if let Some(m) = meta.metadata() {
+                metadata.extend(m.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
             for (name, info) in meta.tensors() {
                 let (s, e) = info.data_offsets;
                 // read_metadata checked that the offsets tile the data section exactly; the
                 // sums cannot overflow because the section lies inside the mapped file.
                 let entry = Entry {
                     shard,
-                    dtype: info.dtype,
+                    kind: Kind::Safetensors(info.dtype),
                     shape: info.shape.clone(),
                     start: data_start + s,
                     end: data_start + e,
@@ -240,7 +310,28 @@ impl Checkpoint {
             path: path.to_path_buf(),
             files,
             tensors,
+            gguf: None,
+            metadata,
         })
+    }
+
+    /// The GGUF header (metadata key/values, tensor infos) when this is a GGUF checkpoint.
+    pub fn gguf(&self) -> Option<&Gguf> {
+        self.gguf.as_ref()
+    }
+
+    /// The safetensors `__metadata__` string pairs (empty for GGUF: see [`Checkpoint::gguf`]).
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    /// `"gguf"` or `"safetensors"`.
+    pub fn format(&self) -> &'static str {
+        if self.gguf.is_some() {
+            "gguf"
+        } else {
+            "safetensors"
+        }
     }
 
     /// What was opened.
@@ -279,14 +370,46 @@ impl Checkpoint {
             return Err(self.unknown(name, None, true));
         };
         let shard = &self.files[e.shard];
+        let (dtype, file_dtype, ggml) = match e.kind {
+            Kind::Safetensors(d) => (kern_dtype(d), dtype_name(d), None),
+            Kind::Gguf(t) => (t.plain_dtype(), t.name, Some(t)),
+        };
         Ok(TensorView {
             name: key,
             file: &shard.path,
-            dtype: kern_dtype(e.dtype),
-            file_dtype: dtype_name(e.dtype),
+            dtype,
+            file_dtype,
+            ggml,
             shape: &e.shape,
             data: &shard.map[e.start..e.end],
         })
+    }
+
+    /// Tensor `name`, all of it, in dtype `to` (little-endian): a float tensor converted with
+    /// one round to nearest even, a GGUF block type dequantized (bit-exact with gguf-py when
+    /// `to` is f32); other dtypes only as they are. For `kern extract` and tests; loading
+    /// streams instead ([`crate::LoadPlan`]).
+    pub fn read_as(&self, name: &str, to: DType) -> Result<Vec<u8>> {
+        use crate::convert::{convert_source, convertible, is_float, Source};
+        let v = self.tensor(name)?;
+        let source = match (v.dtype, v.ggml) {
+            (Some(d), Some(_)) if d == to => Source::Plain(d),
+            (_, Some(t)) if t.dequantizable() && is_float(to) => Source::Blocks(t),
+            (Some(d), _) if convertible(d, to) => Source::Plain(d),
+            _ => {
+                return Err(WeightsError::NotFound {
+                    path: v.file.to_path_buf(),
+                    message: match v.ggml {
+                        Some(t) if !t.dequantizable() => format!("tensor `{name}`: {}", crate::dequant::unsupported(t)),
+                        _ => format!("tensor `{name}` is {} and cannot be converted to {}", v.file_dtype, to.name()),
+                    },
+                })
+            }
+        };
+        let elems = v.data.len() / source.unit_bytes() * source.unit_elems();
+        let mut out = vec![0u8; elems * to.size() as usize];
+        convert_source(v.data, source, &mut out, to);
+        Ok(out)
     }
 
     /// The error for a missing tensor; `suggest` = false skips the (quadratic) search for
@@ -312,8 +435,14 @@ fn files_path(files: &[Shard], i: usize, current: &Path) -> PathBuf {
         .unwrap_or_else(|| current.to_path_buf())
 }
 
-/// The `*.safetensors` files directly inside `dir`, sorted.
-fn safetensors_in(dir: &Path) -> Result<Vec<PathBuf>> {
+fn starts_with_gguf_magic(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && gguf::is_gguf(&magic)
+}
+
+/// The `*.{ext}` files directly inside `dir` (following symbolic links), sorted.
+fn files_in(dir: &Path, ext: &str) -> Result<Vec<PathBuf>> {
     let io = |source| WeightsError::Io {
         path: dir.to_path_buf(),
         what: "cannot list the directory",
@@ -322,7 +451,7 @@ fn safetensors_in(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut out = vec![];
     for entry in std::fs::read_dir(dir).map_err(io)? {
         let p = entry.map_err(io)?.path();
-        if p.extension().is_some_and(|x| x == "safetensors") && p.is_file() {
+        if p.extension().is_some_and(|x| x == ext) && p.is_file() {
             out.push(p);
         }
     }
@@ -333,7 +462,7 @@ fn safetensors_in(dir: &Path) -> Result<Vec<PathBuf>> {
 fn map_file(path: &Path) -> Result<Mmap> {
     let file = File::open(path).map_err(|source| WeightsError::Io {
         path: path.to_path_buf(),
-        what: "cannot open the safetensors file",
+        what: "cannot open the checkpoint file",
         source,
     })?;
     // SAFETY: the map is only read, through bounds-checked slices. Like every reader that maps
@@ -342,7 +471,7 @@ fn map_file(path: &Path) -> Result<Mmap> {
     // SIGBUS rather than read wrong bytes silently.
     unsafe { Mmap::map(&file) }.map_err(|source| WeightsError::Io {
         path: path.to_path_buf(),
-        what: "cannot memory-map the safetensors file",
+        what: "cannot memory-map the checkpoint file",
         source,
     })
 }

@@ -12,7 +12,50 @@ pub fn convertible(from: DType, to: DType) -> bool {
     from == to || (is_float(from) && is_float(to))
 }
 
-fn is_float(d: DType) -> bool {
+/// What a checkpoint tensor's bytes are: elements of a plain dtype, or ggml blocks that are
+/// dequantized (through f32) when loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    Plain(DType),
+    Blocks(crate::gguf::GgmlType),
+}
+
+impl Source {
+    /// Bytes of the smallest unit that converts on its own (an element or a block).
+    pub fn unit_bytes(self) -> usize {
+        match self {
+            Source::Plain(d) => d.size() as usize,
+            Source::Blocks(t) => t.block_bytes as usize,
+        }
+    }
+
+    /// Elements in that unit.
+    pub fn unit_elems(self) -> usize {
+        match self {
+            Source::Plain(_) => 1,
+            Source::Blocks(t) => t.block_elems as usize,
+        }
+    }
+
+    /// Bytes of `elems` elements, when that is a whole number of units.
+    pub fn bytes_for(self, elems: u64) -> Option<u64> {
+        match self {
+            Source::Plain(d) => elems.checked_mul(d.size()),
+            Source::Blocks(t) => t.bytes_for(elems),
+        }
+    }
+}
+
+/// Converts whole units of `src` into `dst` (dtype `to`): [`convert`] for plain elements,
+/// [`crate::dequant::dequantize_into`] for blocks.
+pub(crate) fn convert_source(src: &[u8], from: Source, dst: &mut [u8], to: DType) {
+    match from {
+        Source::Plain(d) => convert(src, d, dst, to),
+        Source::Blocks(t) => crate::dequant::dequantize_into(t, src, dst, to),
+    }
+}
+
+pub(crate) fn is_float(d: DType) -> bool {
     matches!(d, DType::Bf16 | DType::F16 | DType::F32 | DType::F64)
 }
 

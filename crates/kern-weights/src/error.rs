@@ -24,6 +24,19 @@ pub enum WeightsError {
     #[error("{}: not a valid safetensors file: {message}", path.display())]
     BadFile { path: PathBuf, message: String },
 
+    /// A GGUF file whose header, metadata or tensor infos are broken, at byte `offset`.
+    #[error("{}: not a valid GGUF file: at byte {offset}: {message}", path.display())]
+    BadGguf { path: PathBuf, offset: u64, message: String },
+
+    /// A GGUF tensor of a block type kern does not dequantize.
+    #[error("buffers.{buffer}: checkpoint tensor `{tensor}` is {got}, which kern cannot dequantize (it dequantizes {}): use a GGUF quantized to one of those ({})", crate::dequant::DEQUANTIZED.join(", "), file.display())]
+    Quant {
+        buffer: String,
+        tensor: String,
+        got: &'static str,
+        file: PathBuf,
+    },
+
     /// `model.safetensors.index.json` is broken, or disagrees with its shards.
     #[error("{}: {message}", path.display())]
     BadIndex { path: PathBuf, message: String },

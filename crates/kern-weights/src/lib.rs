@@ -20,6 +20,8 @@
 
 mod checkpoint;
 pub mod convert;
+pub mod dequant;
+pub mod gguf;
 mod error;
 mod load;
 mod resolve;

@@ -3,7 +3,7 @@
 //! in bounded chunks (the runtime copies each chunk to the GPU as it comes).
 
 use crate::checkpoint::Checkpoint;
-use crate::convert::convert;
+use crate::convert::{convert_source, Source};
 use crate::error::{Result, WeightsError};
 use crate::resolve::{resolve, Resolved};
 use kern_manifest::{Buffer, BufferId, Manifest, Role, WeightSource};
@@ -89,8 +89,8 @@ pub fn materialize(ckpt: &Checkpoint, buffer: &Buffer, out: &mut [u8]) -> Result
     }
     let mut at = 0;
     for (src, from) in r.segments() {
-        let n = src.len() / from.size() as usize * r.dtype.size() as usize;
-        convert(src, from, &mut out[at..at + n], r.dtype);
+        let n = src.len() / from.unit_bytes() * from.unit_elems() * r.dtype.size() as usize;
+        convert_source(src, from, &mut out[at..at + n], r.dtype);
         at += n;
     }
     debug_assert_eq!(at, out.len());
@@ -229,7 +229,7 @@ impl<'c> LoadPlan<'c> {
             };
             let out_size = r.dtype.size() as usize;
             for (src, from) in r.segments() {
-                if from == r.dtype && src.len() >= direct {
+                if from == Source::Plain(r.dtype) && src.len() >= direct {
                     if !staging.is_empty() {
                         emit(&staging, &mut emitted)?;
                         staging.clear();
@@ -239,10 +239,22 @@ impl<'c> LoadPlan<'c> {
                     }
                     continue;
                 }
-                let in_size = from.size() as usize;
+                // Units (elements, or ggml blocks) convert whole.
+                let (in_size, unit_out) = (from.unit_bytes(), from.unit_elems() * out_size);
                 let mut rest = src;
                 while !rest.is_empty() {
-                    let room = (cap - staging.len()) / out_size;
+                    let room = (cap - staging.len()) / unit_out;
+                    if room == 0 && staging.is_empty() {
+                        // One unit is larger than a chunk (a tiny chunk size): convert it on
+                        // its own and hand it over in pieces.
+                        let mut one = vec![0u8; unit_out];
+                        convert_source(&rest[..in_size], from, &mut one, r.dtype);
+                        for piece in one.chunks(cap) {
+                            emit(piece, &mut emitted)?;
+                        }
+                        rest = &rest[in_size..];
+                        continue;
+                    }
                     if room == 0 {
                         emit(&staging, &mut emitted)?;
                         staging.clear();
@@ -250,8 +262,8 @@ impl<'c> LoadPlan<'c> {
                     }
                     let n = room.min(rest.len() / in_size);
                     let at = staging.len();
-                    staging.resize(at + n * out_size, 0);
-                    convert(&rest[..n * in_size], from, &mut staging[at..], r.dtype);
+                    staging.resize(at + n * unit_out, 0);
+                    convert_source(&rest[..n * in_size], from, &mut staging[at..], r.dtype);
                     rest = &rest[n * in_size..];
                 }
             }

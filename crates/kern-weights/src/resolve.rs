@@ -2,7 +2,7 @@
 //! dtypes checked, and the buffer's bytes described as a sequence of source slices.
 
 use crate::checkpoint::{Checkpoint, TensorView};
-use crate::convert::convertible;
+use crate::convert::{convertible, is_float, Source};
 use crate::error::{dims, WeightsError};
 use kern_manifest::{Buffer, DType, Role, WeightSource};
 
@@ -21,7 +21,7 @@ pub(crate) struct Resolved<'c> {
 #[derive(Debug)]
 struct Part<'c> {
     view: TensorView<'c>,
-    dtype: DType,
+    source: Source,
     /// Extent along the concatenation axis.
     extent: u64,
 }
@@ -31,17 +31,18 @@ impl<'c> Resolved<'c> {
     /// are the buffer's bytes in row-major order. Concatenating along axis 0 is one slice per
     /// part; along axis k, each part contributes one block per index of the outer k
     /// dimensions, interleaved.
-    pub fn segments(&self) -> impl Iterator<Item = (&'c [u8], DType)> + '_ {
+    pub fn segments(&self) -> impl Iterator<Item = (&'c [u8], Source)> + '_ {
         let whole = self.parts.len() == 1;
         let outer = if whole { 1 } else { self.outer };
         (0..outer).flat_map(move |o| {
             self.parts.iter().map(move |p| {
                 if whole {
-                    return (p.view.data, p.dtype);
+                    return (p.view.data, p.source);
                 }
-                let block = (p.extent * self.inner * p.dtype.size()) as usize;
+                // resolve() checked that this is a whole number of units.
+                let block = p.source.bytes_for(p.extent * self.inner).expect("whole units") as usize;
                 let start = o as usize * block;
-                (&p.view.data[start..start + block], p.dtype)
+                (&p.view.data[start..start + block], p.source)
             })
         })
     }
@@ -142,8 +143,21 @@ pub(crate) fn resolve<'c>(
                 continue;
             }
         };
-        let dtype = match view.dtype {
-            Some(d) if convertible(d, b.dtype) => d,
+        let source = match (view.dtype, view.ggml) {
+            // A GGUF tensor already in the buffer's dtype is copied; any other float GGUF type
+            // (F16 and F32 too) goes through the dequantizer, bit-exact with gguf-py.
+            (Some(d), Some(_)) if d == b.dtype => Source::Plain(d),
+            (_, Some(t)) if t.dequantizable() && is_float(b.dtype) => Source::Blocks(t),
+            (Some(d), _) if convertible(d, b.dtype) => Source::Plain(d),
+            (None, Some(t)) if !t.dequantizable() => {
+                problems.push(WeightsError::Quant {
+                    buffer: b.name.clone(),
+                    tensor: name.clone(),
+                    got: t.name,
+                    file: view.file.to_path_buf(),
+                });
+                continue;
+            }
             _ => {
                 problems.push(WeightsError::DType {
                     buffer: b.name.clone(),
@@ -199,9 +213,22 @@ pub(crate) fn resolve<'c>(
             }
         }
         let extent = if concat { got[axis] } else { 1 };
+        if concat && axis > 0 {
+            // Each outer index takes `extent × inner` elements of this tensor: with blocks,
+            // that must be whole blocks.
+            let inner: u64 = shape[axis + 1..].iter().product();
+            if source.bytes_for(extent * inner).is_none() {
+                problems.push(concat_err(format!(
+                    "checkpoint tensor `{name}` is {} in blocks of {} elements, which a concatenation along axis {axis} would cut: concatenate along axis 0",
+                    view.file_dtype,
+                    source.unit_elems()
+                )));
+                continue;
+            }
+        }
         parts.push(Part {
             view,
-            dtype,
+            source,
             extent,
         });
     }
