@@ -24,7 +24,7 @@
 //! - `content` given as a list of parts (`[{"type": "text", "text": "…"}]`) is joined into one
 //!   string (parts separated by `\n`) unless the template itself iterates over a message's
 //!   content (a `{% for … in …content… %}`, as multimodal templates do), in which case the list
-//!   is passed as given. Most text-only templates (Qwen's included) call string methods on
+//!   is passed as given. Most text-only templates call string methods on
 //!   `content` and would otherwise fail or drop the text. A non-text part (an image) in a joined
 //!   message is refused ([`TemplateError::Raised`]). See [`ContentFormat`]. For such templates
 //!   a `null` content (OpenAI's assistant message with `tool_calls`) becomes `""` rather than
