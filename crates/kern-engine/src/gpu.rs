@@ -16,8 +16,8 @@ use std::time::Instant;
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
     pub device: usize,
-    /// Device memory kern may use in all, bytes (None: what is free now).
-    pub gpu_mem: Option<u64>,
+    /// Device memory kern may use in all (None: what is free now).
+    pub gpu_mem: Option<GpuMem>,
     /// Replay decode steps from CUDA graphs.
     pub graphs: bool,
     /// Capture every decode bucket's graph before the first request.
@@ -27,6 +27,27 @@ pub struct LoadOptions {
 impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions { device: 0, gpu_mem: None, graphs: true, capture_at_start: false }
+    }
+}
+
+/// How much device memory kern may take.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GpuMem {
+    Bytes(u64),
+    /// A fraction of the device's total memory (vLLM's `--gpu-memory-utilization`).
+    Fraction(f64),
+}
+
+impl std::str::FromStr for GpuMem {
+    type Err = String;
+    /// `0.9` (a fraction of the device's memory) or a size: `60GiB`, `8000MB`, `1073741824`.
+    fn from_str(s: &str) -> Result<GpuMem, String> {
+        if let Ok(f) = s.parse::<f64>() {
+            if f > 0.0 && f <= 1.0 {
+                return Ok(GpuMem::Fraction(f));
+            }
+        }
+        kern_runtime::plan::parse_bytes(s).map(GpuMem::Bytes).map_err(|e| format!("`{s}`: give a fraction in (0, 1] of the GPU's memory or a size like 60GiB ({e})"))
     }
 }
 
@@ -77,7 +98,11 @@ impl GpuModel {
             return Err(err(format!("the checkpoint does not match the manifest:\n  {}", lines.join("\n  "))));
         }
         let (free, total) = ctx.mem_info().map_err(err)?;
-        let budget = opts.gpu_mem.unwrap_or(free as u64).min(free as u64);
+        let budget = match opts.gpu_mem {
+            None => free as u64,
+            Some(GpuMem::Bytes(b)) => b.min(free as u64),
+            Some(GpuMem::Fraction(f)) => ((total as f64 * f) as u64).min(free as u64),
+        };
         let p = plan::plan(&m, &plan::PlanOptions { budget: Some(budget), reserve: (1u64 << 30).min(budget / 8) })
             .map_err(|e| err(format!("{e} ({} has {} free of {})", props.name, human(free as u64), human(total as u64))))?;
         let (pages, page_tokens) = p

@@ -6,10 +6,12 @@ mod dump;
 mod extract;
 mod generate;
 mod inspect;
+mod model_dir;
 mod pack;
 mod plan;
 mod run;
 mod selftest;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -37,6 +39,7 @@ enum Command {
     Pack(pack::Args),
     RandomWeights(pack::RandomArgs),
     Generate(generate::Args),
+    Serve(serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
         Command::Pack(a) => pack::run(a),
         Command::RandomWeights(a) => pack::random(a),
         Command::Generate(a) => generate::run(a),
+        Command::Serve(a) => serve::run(a),
     };
     match result {
         Ok(code) => code,

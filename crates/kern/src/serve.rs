@@ -1,0 +1,203 @@
+//! `kern serve`: the OpenAI-compatible server. Parses flags, binds the port at once (so
+//! `/health` answers 503 while the model loads), starts the engine (`kern-engine`) with the
+//! model, and hands both to the HTTP layer (`kern-server`). SIGTERM / Ctrl-C drains: new
+//! requests get 503, running ones finish, then the process exits 0. A failed engine (load
+//! error, GPU fault) exits 1, so a supervisor restarts it.
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use kern_engine::fake::{hash_rule, FakeModel};
+use kern_engine::gpu::{GpuMem, LoadOptions};
+use kern_engine::{Engine, EngineConfig, Model, ModelInfo};
+use kern_server::{AppState, Outcome, SamplingDefaults, ServerConfig};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, metrics).
+#[derive(clap::Args)]
+#[command(after_help = "Examples:\n  kern serve --model ~/models/Qwen3-4B --port 8000\n  kern serve --model DIR --api-key secret --served-model-name qwen3 --gpu-mem 0.9\n\nThen: curl localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n        -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 32}'")]
+pub struct Args {
+    /// A packed model directory (model.json, kernels, weights, tokenizer.json); default: the
+    /// model `scripts/setup.sh` installed.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port, printed at startup).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize (default: the
+    /// KERN_API_KEY environment variable, if set).
+    #[arg(long)]
+    api_key: Option<String>,
+    /// The model name clients send and see (repeatable; default: the model directory's name).
+    #[arg(long = "served-model-name")]
+    served_model_name: Vec<String>,
+    /// GPU memory kern may take: a fraction of the device (0.9) or a size (60GiB). Default: all free memory.
+    #[arg(long, value_parser = parse_gpu_mem)]
+    gpu_mem: Option<GpuMem>,
+    /// Most sequences running at once (default: the manifest's `seqs` max).
+    #[arg(long)]
+    max_seqs: Option<usize>,
+    /// Most new tokens in one step (prefill chunk size; default: the manifest's `tokens` max).
+    #[arg(long)]
+    max_batched_tokens: Option<usize>,
+    /// Most requests waiting for a place before new ones get 503.
+    #[arg(long, default_value_t = 4096)]
+    max_queue: usize,
+    /// Most logprob alternatives per token a request may ask for.
+    #[arg(long, default_value_t = 20)]
+    max_logprobs: usize,
+    /// A Jinja chat template file, instead of the tokenizer's.
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
+    /// Run every step eagerly (no CUDA graphs).
+    #[arg(long)]
+    no_graph: bool,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Serve a deterministic CPU model instead of a GPU one (for testing clients and kern itself).
+    #[arg(long, hide = true)]
+    fake: bool,
+    /// With --fake: a directory with tokenizer.json.
+    #[arg(long, hide = true)]
+    fake_tokenizer: Option<PathBuf>,
+    /// With --fake: KV pages (4 tokens each).
+    #[arg(long, hide = true, default_value_t = 4096)]
+    fake_pages: usize,
+    /// With --fake: fail this step like a GPU fault.
+    #[arg(long, hide = true)]
+    fake_fail_at_step: Option<usize>,
+    /// With --fake: milliseconds per step.
+    #[arg(long, hide = true, default_value_t = 0)]
+    fake_step_ms: u64,
+}
+
+fn parse_gpu_mem(s: &str) -> Result<GpuMem, String> {
+    s.parse()
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let t0 = Instant::now();
+    let (dir, tok_dir) = if args.fake {
+        (PathBuf::from("fake"), args.fake_tokenizer.clone())
+    } else {
+        let d = crate::model_dir::resolve_model(args.model.as_deref())?;
+        (d.clone(), Some(d))
+    };
+    let tokenizer = match &tok_dir {
+        Some(d) if d.join("tokenizer.json").exists() => Some(Arc::new(kern_tokenizer::Tokenizer::from_dir(d)?)),
+        Some(d) if !args.fake => {
+            eprintln!("kern serve: {} has no tokenizer.json: only token-id prompts will work", d.display());
+            None
+        }
+        _ => None,
+    };
+    let chat_template = match (&args.chat_template, &tokenizer) {
+        (Some(p), tok) => {
+            let src = std::fs::read_to_string(p).with_context(|| format!("--chat-template {}", p.display()))?;
+            let (bos, eos) = tok.as_ref().map_or((None, None), |t| (t.bos_id().and_then(|i| t.token(i)), t.eos_ids().first().and_then(|&i| t.token(i))));
+            Some(kern_tokenizer::ChatTemplate::new(&src, bos, eos).map_err(|e| anyhow!("--chat-template {}: {e}", p.display()))?)
+        }
+        (None, Some(t)) => match t.chat_template_renderer() {
+            Some(Ok(c)) => Some(c),
+            Some(Err(e)) => bail!("the model's chat template does not compile: {e} (give a working one with --chat-template FILE)"),
+            None => {
+                eprintln!("kern serve: the tokenizer has no chat template: /v1/chat/completions will answer 400 (give one with --chat-template FILE)");
+                None
+            }
+        },
+        (None, None) => None,
+    };
+    let defaults = match tok_dir.as_ref().map(|d| d.join("generation_config.json")) {
+        Some(p) if p.exists() => {
+            let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p)?).with_context(|| format!("{}", p.display()))?;
+            SamplingDefaults::from_generation_config(&v)
+        }
+        _ => SamplingDefaults::default(),
+    };
+    let names = if args.served_model_name.is_empty() {
+        vec![dir.file_name().map_or_else(|| "kern".to_string(), |n| n.to_string_lossy().into_owned())]
+    } else {
+        args.served_model_name.clone()
+    };
+    let api_key = args.api_key.clone().or_else(|| std::env::var("KERN_API_KEY").ok().filter(|k| !k.is_empty()));
+    let cfg = EngineConfig {
+        max_seqs: args.max_seqs,
+        max_batched_tokens: args.max_batched_tokens,
+        max_queue: args.max_queue,
+        eos: tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),
+    };
+
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        eprintln!("kern serve: listening on http://{local} (model {} loading; /health answers 503 until ready)", names[0]);
+        let report = Arc::new(Mutex::new(None));
+        let engine = if args.fake {
+            let vocab = tokenizer.as_ref().map_or(151_936, |t| t.vocab_size());
+            let info = ModelInfo { max_step_tokens: 256, max_step_seqs: 64, pages_per_seq: 256, page_tokens: 4, total_pages: args.fake_pages, vocab, logits: true, gpu_sampling: true };
+            let (fail, delay) = (args.fake_fail_at_step, Duration::from_millis(args.fake_step_ms));
+            Engine::start(cfg, tokenizer.clone(), move || {
+                let mut m = FakeModel::new(info, hash_rule(vocab));
+                m.fail_at_step = fail;
+                m.step_delay = delay;
+                Ok(Box::new(m) as Box<dyn Model>)
+            })
+        } else {
+            let opts = LoadOptions { device: args.device, gpu_mem: args.gpu_mem, graphs: !args.no_graph, capture_at_start: !args.no_graph };
+            Engine::start(cfg, tokenizer.clone(), crate::generate::loader(dir.clone(), opts, report.clone()))
+        };
+        let state = AppState::new(engine.clone(), tokenizer, ServerConfig { served_model_names: names, api_key, max_logprobs: args.max_logprobs, defaults, chat_template, root: dir.display().to_string() });
+        // Log readiness (or the load failure) once.
+        let watch_engine = engine.clone();
+        tokio::spawn(async move {
+            let mut st = watch_engine.subscribe();
+            while *st.borrow_and_update() == kern_engine::State::Loading {
+                if st.changed().await.is_err() {
+                    return;
+                }
+            }
+            if let Some(i) = watch_engine.info() {
+                let r = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let what = r.map_or_else(String::new, |r| format!(": {} of weights on {}, KV pool {} pages × {} tokens", kern_runtime::plan::human(r.weight_bytes), r.device_name, r.pages, r.page_tokens));
+                eprintln!(
+                    "kern serve: ready in {:.2} s{what}; max context {} tokens, {} sequences × {} tokens per step",
+                    t0.elapsed().as_secs_f64(),
+                    i.limits.max_context,
+                    i.max_seqs,
+                    i.max_batched_tokens
+                );
+            }
+        });
+        let shutdown = async {
+            let ctrl_c = tokio::signal::ctrl_c();
+            #[cfg(unix)]
+            {
+                let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(t) => t,
+                    Err(_) => return std::future::pending().await,
+                };
+                tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+            }
+            #[cfg(not(unix))]
+            let _ = ctrl_c.await;
+            eprintln!("kern serve: shutting down: finishing running requests, refusing new ones");
+        };
+        match kern_server::serve(listener, state, shutdown).await? {
+            Outcome::Drained => {
+                eprintln!("kern serve: stopped");
+                Ok(ExitCode::SUCCESS)
+            }
+            Outcome::EngineFailed(msg) => {
+                eprintln!("kern serve: error: {msg}");
+                Ok(ExitCode::FAILURE)
+            }
+        }
+    })
+}
