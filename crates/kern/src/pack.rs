@@ -1,5 +1,7 @@
 //! `kern pack --config config.json -o DIR`: write a model's manifest (and the kernels it
-//! references) with the model pack that serves the config's `model_type`; `kern random-weights`:
+//! references) with the model pack that serves the config's `model_type`; `kern pack --gguf
+//! FILE -o DIR`: the same from a GGUF file's metadata, with weight sources naming its tensors
+//! and the file linked into DIR; `kern random-weights`:
 //! seeded random weights with real shapes for benchmarks and parity tests. The engine knows no
 //! model: this module only dispatches to the packs by `model_type`.
 
@@ -10,13 +12,18 @@ use std::process::ExitCode;
 /// The packs this kern binary carries: model types → pack.
 const PACKS: &[(&str, &str)] = &[("qwen3", "qwen3 (packs/qwen3)"), ("qwen2", "qwen3 (packs/qwen3)")];
 
-/// Write a model's manifest from its Hugging Face config.json, with the pack for its model_type.
+/// Write a model's manifest from its Hugging Face config.json or from a GGUF file, with the
+/// pack for its model type.
 #[derive(clap::Args)]
-#[command(after_help = "Example:\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B")]
+#[command(after_help = "Examples:\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B\n  kern pack --gguf qwen2.5-coder-0.5b-instruct-q4_k_m.gguf -o ~/models/qwen2.5-coder\n\nWith --gguf, DIR gets model.json, the cubins, config.json (for reference) and a symbolic link to\nthe GGUF file (none when the file is already in DIR): kern loads the weights from it,\ndequantizing to bf16.")]
 pub struct Args {
     /// The model's Hugging Face config.json.
+    #[arg(long, conflicts_with = "gguf", required_unless_present = "gguf")]
+    config: Option<PathBuf>,
+    /// A GGUF file (llama.cpp / Ollama): the config comes from its metadata, the weights from
+    /// its tensors. Architectures: qwen2, qwen3.
     #[arg(long)]
-    config: PathBuf,
+    gguf: Option<PathBuf>,
     /// Output directory (model.json and the cubins it references).
     #[arg(short, long)]
     out: PathBuf,
@@ -49,21 +56,99 @@ fn model_type(config: &Path) -> Result<String> {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let _ = model_type(&args.config)?;
-    let cfg = kern_pack_qwen3::Config::from_file(&args.config)?;
     let opts = kern_pack_qwen3::PackOptions {
-        kernels: args.kernels,
+        kernels: args.kernels.clone(),
         max_tokens: args.max_tokens,
         max_seqs: args.max_seqs,
         max_context: args.max_context,
         page_tokens: args.page_tokens,
     };
+    if let Some(file) = &args.gguf {
+        return run_gguf(file, &opts, &args.out);
+    }
+    let config = args.config.as_ref().expect("clap requires --config without --gguf");
+    let _ = model_type(config)?;
+    let cfg = kern_pack_qwen3::Config::from_file(config)?;
     let path = kern_pack_qwen3::generate(&cfg, &opts, &args.out)?;
     // The generated manifest must pass the same check `kern check` runs.
     let m = crate::check::load(&path, kern_binary::Arch::new(90))?;
     eprintln!("wrote {}:", path.display());
     print!("{}", m.report());
     Ok(ExitCode::SUCCESS)
+}
+
+/// `kern pack --gguf FILE -o DIR`: config from the GGUF metadata, the manifest with GGUF tensor
+/// names, FILE linked into DIR, and every weight checked against the file's tensors.
+fn run_gguf(file: &Path, opts: &kern_pack_qwen3::PackOptions, out: &Path) -> Result<ExitCode> {
+    let ckpt = kern_weights::Checkpoint::open(file)?;
+    let g = ckpt.gguf().ok_or_else(|| anyhow!("{}: not a GGUF file", file.display()))?;
+    let cfg = kern_pack_qwen3::gguf::config(g, file)?;
+    let path = kern_pack_qwen3::generate_for_gguf(&cfg, opts, out)?;
+    let hf = serde_json::to_string_pretty(&cfg.to_hf_json())?;
+    std::fs::write(out.join("config.json"), hf + "\n").with_context(|| format!("cannot write {}", out.join("config.json").display()))?;
+    let linked = link_gguf(file, out)?;
+    let m = crate::check::load(&path, kern_binary::Arch::new(90))?;
+    // Every weight must load from the file as the runtime will open it: through DIR.
+    let in_dir = kern_weights::Checkpoint::open(out).with_context(|| format!("{}: the packed directory's weights", out.display()))?;
+    let problems = kern_weights::check(&in_dir, &m.buffers);
+    if !problems.is_empty() {
+        let lines: Vec<String> = problems.iter().map(|e| e.to_string()).collect();
+        bail!("{}: the GGUF tensors do not fit the manifest:\n  {}", file.display(), lines.join("\n  "));
+    }
+    eprintln!(
+        "wrote {} ({} from {}, {} layers, hidden {}, {} heads / {} kv heads, head_dim {}, vocab {}, {} embeddings); weights: {}",
+        path.display(),
+        cfg.model_type,
+        file.display(),
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.kv_heads(),
+        cfg.head_dim(),
+        cfg.vocab_size,
+        if cfg.tie_word_embeddings { "tied" } else { "separate output" },
+        linked
+    );
+    print!("{}", m.report());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Makes FILE the one GGUF file of DIR: nothing when it is already there, else a symbolic link
+/// `DIR/<file name>` → FILE's absolute path (replacing an older link). Says what it did.
+fn link_gguf(file: &Path, out: &Path) -> Result<String> {
+    let abs = std::fs::canonicalize(file).with_context(|| format!("cannot resolve {}", file.display()))?;
+    let name = abs.file_name().ok_or_else(|| anyhow!("{}: no file name", file.display()))?;
+    let link = out.join(name);
+    let same = std::fs::canonicalize(&link).is_ok_and(|p| p == abs);
+    let what = if same {
+        if link.is_symlink() {
+            format!("{} → {}", link.display(), abs.display())
+        } else {
+            format!("{} (in place)", link.display())
+        }
+    } else {
+        match std::fs::symlink_metadata(&link) {
+            Ok(m) if m.file_type().is_symlink() => std::fs::remove_file(&link).with_context(|| format!("cannot replace {}", link.display()))?,
+            Ok(_) => bail!("{} exists and is not {}: move it away, or pack into another directory", link.display(), abs.display()),
+            Err(_) => {}
+        }
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(&abs, &link).with_context(|| format!("cannot link {} → {}", link.display(), abs.display()))?;
+        #[cfg(not(unix))]
+        std::fs::copy(&abs, &link).with_context(|| format!("cannot copy {} to {}", abs.display(), link.display()))?;
+        format!("{} → {}", link.display(), abs.display())
+    };
+    // kern opens a directory's weights only when it holds exactly one checkpoint.
+    let others: Vec<String> = std::fs::read_dir(out)
+        .with_context(|| format!("cannot list {}", out.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p != &link && p.extension().is_some_and(|x| x == "gguf" || x == "safetensors"))
+        .map(|p| p.display().to_string())
+        .collect();
+    if !others.is_empty() {
+        bail!("{} also holds {}: kern loads a directory's weights only when it holds one checkpoint; remove them or pack into another directory", out.display(), others.join(", "));
+    }
+    Ok(what)
 }
 
 /// Write seeded random weights with real shapes in the Hugging Face layout, plus config.json.

@@ -5,15 +5,18 @@
 //!   shapes (for random weights);
 //! * [`manifest`]: `kern pack` — a manifest (schema 4.1, step ABI 1) wiring the pack's kernels
 //!   (`packs/qwen3/kernels`, built by `packs/qwen3/build.sh`) into a decoder;
+//! * [`gguf`]: the config from a GGUF file's metadata (`qwen2`, `qwen3`) and the Hugging Face
+//!   → GGUF tensor names, for `kern pack --gguf`;
 //! * [`random`]: seeded random weights in the Hugging Face safetensors layout plus a
 //!   `config.json` that transformers loads unchanged.
 
 pub mod config;
+pub mod gguf;
 pub mod manifest;
 pub mod random;
 
 pub use config::{Config, PRESETS};
-pub use manifest::{generate, PackOptions};
+pub use manifest::{generate, generate_for_gguf, PackOptions};
 
 /// The `model_type` values this pack serves.
 pub const MODEL_TYPES: &[&str] = &["qwen3", "qwen2"];

@@ -32,8 +32,19 @@ impl Default for PackOptions {
     }
 }
 
-/// Writes `out/model.json` and copies the cubins it references into `out`.
+/// Writes `out/model.json` and copies the cubins it references into `out`. Weight sources name
+/// the Hugging Face safetensors tensors (`model.layers.0.self_attn.q_proj.weight`, ...).
 pub fn generate(cfg: &Config, opts: &PackOptions, out: &Path) -> Result<PathBuf> {
+    write(cfg, opts, out, |_| Ok(()))
+}
+
+/// [`generate`] for a GGUF checkpoint: the same manifest, with weight sources naming the GGUF
+/// tensors (`blk.0.attn_q.weight`, ...; [`crate::gguf::tensor_name`]).
+pub fn generate_for_gguf(cfg: &Config, opts: &PackOptions, out: &Path) -> Result<PathBuf> {
+    write(cfg, opts, out, crate::gguf::rename_sources)
+}
+
+fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Value) -> Result<()>) -> Result<PathBuf> {
     cfg.validate().map_err(PackError::Config)?;
     if opts.max_tokens == 0 || opts.max_seqs == 0 || opts.max_context == 0 || opts.page_tokens == 0 {
         return Err(PackError::Config("max tokens, seqs, context and page tokens must all be positive".into()));
@@ -51,7 +62,8 @@ pub fn generate(cfg: &Config, opts: &PackOptions, out: &Path) -> Result<PathBuf>
         let sha: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
         modules.insert(m.to_string(), json!({"source": file, "sha256": sha}));
     }
-    let m = build(cfg, opts, Value::Object(modules));
+    let mut m = build(cfg, opts, Value::Object(modules));
+    edit(&mut m)?;
     let path = out.join("model.json");
     let text = serde_json::to_string_pretty(&m).map_err(|e| PackError::Config(e.to_string()))?;
     std::fs::write(&path, text + "\n").map_err(io(&path))?;
