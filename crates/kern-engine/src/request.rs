@@ -70,7 +70,7 @@ impl Request {
 }
 
 /// A generated token's log-probability (of the raw logits, before temperature and
-/// truncation, as vLLM and llama.cpp report them) and the most likely alternatives.
+/// truncation, as vLLM and other OpenAI-compatible servers report them) and the most likely alternatives.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenLogprob {
     pub token: u32,
