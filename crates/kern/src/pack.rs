@@ -87,6 +87,13 @@ fn run_gguf(file: &Path, opts: &kern_pack_qwen3::PackOptions, out: &Path) -> Res
     let hf = serde_json::to_string_pretty(&cfg.to_hf_json())?;
     std::fs::write(out.join("config.json"), hf + "\n").with_context(|| format!("cannot write {}", out.join("config.json").display()))?;
     let linked = link_gguf(file, out)?;
+    let tokenizer = match write_tokenizer(g, out) {
+        Ok(()) => "tokenizer.json + tokenizer_config.json from the GGUF metadata".to_string(),
+        Err(e) => {
+            eprintln!("warning: {}: no tokenizer written ({e:#}): text prompts need a tokenizer.json in {}; --prompt-ids works without", file.display(), out.display());
+            "no tokenizer".to_string()
+        }
+    };
     let m = crate::check::load(&path, kern_binary::Arch::new(90))?;
     // Every weight must load from the file as the runtime will open it: through DIR.
     let in_dir = kern_weights::Checkpoint::open(out).with_context(|| format!("{}: the packed directory's weights", out.display()))?;
@@ -96,7 +103,7 @@ fn run_gguf(file: &Path, opts: &kern_pack_qwen3::PackOptions, out: &Path) -> Res
         bail!("{}: the GGUF tensors do not fit the manifest:\n  {}", file.display(), lines.join("\n  "));
     }
     eprintln!(
-        "wrote {} ({} from {}, {} layers, hidden {}, {} heads / {} kv heads, head_dim {}, vocab {}, {} embeddings); weights: {}",
+        "wrote {} ({} from {}, {} layers, hidden {}, {} heads / {} kv heads, head_dim {}, vocab {}, {} embeddings); weights: {}; {tokenizer}",
         path.display(),
         cfg.model_type,
         file.display(),
@@ -111,6 +118,16 @@ fn run_gguf(file: &Path, opts: &kern_pack_qwen3::PackOptions, out: &Path) -> Res
     );
     print!("{}", m.report());
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes DIR/tokenizer.json and tokenizer_config.json (with the chat template) from the
+/// GGUF's `tokenizer.*` metadata, so that DIR is a complete model directory.
+fn write_tokenizer(g: &kern_weights::gguf::Gguf, out: &Path) -> Result<()> {
+    let meta: serde_json::Map<String, serde_json::Value> = g.metadata.iter().filter(|(k, _)| k.starts_with("tokenizer.")).map(|(k, v)| (k.clone(), v.to_json())).collect();
+    let meta = kern_tokenizer::GgufTokenizerMeta::from_json(&serde_json::Value::Object(meta))?;
+    let tok = kern_tokenizer::Tokenizer::from_gguf_metadata(meta)?;
+    tok.save_dir(out)?;
+    Ok(())
 }
 
 /// Makes FILE the one GGUF file of DIR: nothing when it is already there, else a symbolic link

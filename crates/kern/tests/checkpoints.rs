@@ -215,6 +215,30 @@ fn tiny_qwen2(dir: &Path, arch: &str) -> PathBuf {
         (k("attention.head_count_kv"), 4, u(1)),
         (k("attention.layer_norm_rms_epsilon"), 6, 1e-6f32.to_le_bytes().to_vec()),
     ];
+    // A byte-level BPE vocabulary of 32 tokens with one merge: enough for a tokenizer.json.
+    let mut kv = kv;
+    let mut toks: Vec<String> = "abcdefghijklmnopqrstuvwxyz".chars().map(String::from).collect();
+    toks.extend(["ab", "Ġ", "Ċ", "<|endoftext|>", "<|im_start|>", "<|im_end|>"].map(String::from));
+    let string_array = |items: &[String]| {
+        let mut o = 8u32.to_le_bytes().to_vec();
+        o.extend_from_slice(&(items.len() as u64).to_le_bytes());
+        for i in items {
+            s(&mut o, i);
+        }
+        o
+    };
+    let mut types = 5u32.to_le_bytes().to_vec();
+    types.extend_from_slice(&(toks.len() as u64).to_le_bytes());
+    for (n, _) in toks.iter().enumerate() {
+        types.extend_from_slice(&(if n >= 29 { 3i32 } else { 1 }).to_le_bytes());
+    }
+    kv.push(("tokenizer.ggml.model".into(), 8, strv("gpt2")));
+    kv.push(("tokenizer.ggml.pre".into(), 8, strv("qwen2")));
+    kv.push(("tokenizer.ggml.tokens".into(), 9, string_array(&toks)));
+    kv.push(("tokenizer.ggml.token_type".into(), 9, types));
+    kv.push(("tokenizer.ggml.merges".into(), 9, string_array(&["a b".to_string()])));
+    kv.push(("tokenizer.ggml.eos_token_id".into(), 4, u(31)));
+    kv.push(("tokenizer.chat_template".into(), 8, strv("{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}")));
     let mat = |name: &str, cols: u64, rows: u64| (name.to_string(), vec![cols, rows], 8u32, q8((cols * rows / 32) as usize));
     let vec_ = |name: &str, n: u64| (name.to_string(), vec![n], 0u32, f32s(n as usize, |_| 1.0));
     let t = vec![
@@ -251,6 +275,9 @@ fn pack_from_gguf_links_the_file_and_checks_every_weight() {
     let link = out.join("tiny-qwen2.gguf");
     assert!(link.is_symlink() && std::fs::canonicalize(&link).unwrap() == std::fs::canonicalize(&g).unwrap());
     assert!(out.join("config.json").is_file());
+    assert!(out.join("tokenizer.json").is_file() && out.join("tokenizer_config.json").is_file(), "{err}");
+    let tc = std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap();
+    assert!(tc.contains("<|im_start|>{{ m.content }}"), "{tc}");
     let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("model.json")).unwrap()).unwrap();
     assert_eq!(m["buffers"]["model.layers.0.self_attn.qkv_proj.weight"]["from"]["concat"][0], "blk.0.attn_q.weight");
     assert_eq!(m["buffers"]["lm_head.weight"]["from"]["alias"], "model.embed_tokens.weight");
