@@ -111,6 +111,7 @@ fn lp(x: f32) -> f64 {
 struct Choice {
     text: String,
     tokens: usize,
+    ids: Vec<u32>,
     logprobs: Vec<TokenLogprob>,
     finish: Option<(FinishReason, Option<StopReason>)>,
     prompt_tokens: usize,
@@ -167,6 +168,7 @@ async fn collect(mut h: RequestHandle) -> ApiResult<Choice> {
             Some(Event::Output { text, tokens, logprobs, .. }) => {
                 c.text.push_str(&text);
                 c.tokens += tokens.len();
+                c.ids.extend(&tokens);
                 c.logprobs.extend(logprobs);
             }
             Some(Event::Finished { reason, stop_reason, prompt_tokens, completion_tokens }) => {
@@ -236,7 +238,7 @@ fn chat_logprobs(s: &Shared, lps: &[TokenLogprob]) -> Value {
 /// The streamed response: each choice's events as chunks, then usage (if asked) and `[DONE]`.
 /// The stream owns the handles: a client that goes away drops it, and the requests abort.
 #[allow(clippy::too_many_arguments)]
-fn sse(state: AppState, job: Job, api: Api, rid: String, model: String, created: u64, c: &Common, echo: Vec<String>, logprobs: bool) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+fn sse(state: AppState, job: Job, api: Api, rid: String, model: String, created: u64, c: &Common, echo: Vec<String>, logprobs: bool, token_ids: bool) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let (include_usage, continuous) = (c.include_usage, c.continuous_usage);
     let n_choices = job.handles.len();
     let prompt_tokens = job.prompt_tokens;
@@ -278,16 +280,19 @@ fn sse(state: AppState, job: Job, api: Api, rid: String, model: String, created:
             match e {
                 Some(Event::Output { text, tokens, logprobs: lps, .. }) => {
                     completion[i] += tokens.len();
-                    if text.is_empty() && !(logprobs && !lps.is_empty()) {
+                    if text.is_empty() && !(logprobs && !lps.is_empty()) && !(token_ids && !tokens.is_empty()) {
                         continue;
                     }
                     let lpv = if !logprobs { Value::Null } else if api == Api::Chat { chat_logprobs(sh, &lps) } else { completion_logprobs(sh, &lps, offsets[i]) };
                     offsets[i] += text.len();
-                    let choice = if api == Api::Chat {
+                    let mut choice = if api == Api::Chat {
                         json!({"index": i, "delta": {"content": text}, "logprobs": lpv, "finish_reason": null})
                     } else {
                         json!({"index": i, "text": text, "logprobs": lpv, "finish_reason": null})
                     };
+                    if token_ids {
+                        choice["token_ids"] = json!(tokens);
+                    }
                     yield Ok(chunk(choice, cont(&completion)));
                 }
                 Some(Event::Finished { reason, stop_reason: sr, .. }) => {
@@ -332,6 +337,7 @@ pub async fn completions(AxState(state): AxState<AppState>, body: Bytes) -> ApiR
     let add_special = f.bool("add_special_tokens", true)?;
     f.neutral("suffix", protocol::is_empty, "no suffix / fill-in-the-middle")?;
     f.neutral("return_tokens_as_token_ids", |v| v == &Value::Bool(false), "tokens are returned as text")?;
+    let token_ids = f.bool("return_token_ids", false)?;
     f.finish()?;
     let model = check_model(s, &c.model)?;
     if echo && logprobs.is_some() {
@@ -362,7 +368,7 @@ pub async fn completions(AxState(state): AxState<AppState>, body: Bytes) -> ApiR
     let job = submit(s, &ids, &c, &|_| max_tokens, logprobs, arrival)?;
     let created = unix_now();
     if c.stream {
-        return Ok(sse(state.clone(), job, Api::Completions, rid, model, created, &c, echo_text, logprobs.is_some()).into_response());
+        return Ok(sse(state.clone(), job, Api::Completions, rid, model, created, &c, echo_text, logprobs.is_some(), token_ids).into_response());
     }
     let prompt_tokens = job.prompt_tokens;
     let results = futures_util::future::join_all(job.handles.into_iter().map(collect)).await;
@@ -374,7 +380,11 @@ pub async fn completions(AxState(state): AxState<AppState>, body: Bytes) -> ApiR
         let (reason, sr) = ch.finish.clone().unwrap_or((FinishReason::Abort, None));
         let text = format!("{}{}", echo_text[i], ch.text);
         let lpv = if logprobs.is_some() { completion_logprobs(s, &ch.logprobs, 0) } else { Value::Null };
-        choices.push(json!({"index": i, "text": text, "logprobs": lpv, "finish_reason": reason.as_str(), "stop_reason": stop_reason(&sr)}));
+        let mut choice = json!({"index": i, "text": text, "logprobs": lpv, "finish_reason": reason.as_str(), "stop_reason": stop_reason(&sr)});
+        if token_ids {
+            choice["token_ids"] = json!(ch.ids);
+        }
+        choices.push(choice);
     }
     Ok(Json(json!({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices, "usage": usage(prompt_tokens, completion)})).into_response())
 }
@@ -447,6 +457,7 @@ pub async fn chat(AxState(state): AxState<AppState>, body: Bytes) -> ApiResult<R
     f.neutral("functions", protocol::is_empty, "function calls are not parsed")?;
     f.neutral("response_format", |v| v.get("type").and_then(Value::as_str) == Some("text"), "no structured output")?;
     f.neutral("echo", |v| v == &Value::Bool(false), "chat does not echo")?;
+    let token_ids = f.bool("return_token_ids", false)?;
     f.finish()?;
     let model = check_model(s, &c.model)?;
     let text = render_chat(s, &messages, add_generation_prompt, kwargs)?;
@@ -458,7 +469,7 @@ pub async fn chat(AxState(state): AxState<AppState>, body: Bytes) -> ApiResult<R
     let rid = id("chatcmpl");
     let created = unix_now();
     if c.stream {
-        return Ok(sse(state.clone(), job, Api::Chat, rid, model, created, &c, vec![], logprobs.is_some()).into_response());
+        return Ok(sse(state.clone(), job, Api::Chat, rid, model, created, &c, vec![], logprobs.is_some(), token_ids).into_response());
     }
     let prompt_tokens = job.prompt_tokens;
     let results = futures_util::future::join_all(job.handles.into_iter().map(collect)).await;
@@ -469,7 +480,11 @@ pub async fn chat(AxState(state): AxState<AppState>, body: Bytes) -> ApiResult<R
         completion += ch.tokens;
         let (reason, sr) = ch.finish.clone().unwrap_or((FinishReason::Abort, None));
         let lpv = if logprobs.is_some() { chat_logprobs(s, &ch.logprobs) } else { Value::Null };
-        choices.push(json!({"index": i, "message": {"role": "assistant", "content": ch.text, "tool_calls": []}, "logprobs": lpv, "finish_reason": reason.as_str(), "stop_reason": stop_reason(&sr)}));
+        let mut choice = json!({"index": i, "message": {"role": "assistant", "content": ch.text, "tool_calls": []}, "logprobs": lpv, "finish_reason": reason.as_str(), "stop_reason": stop_reason(&sr)});
+        if token_ids {
+            choice["token_ids"] = json!(ch.ids);
+        }
+        choices.push(choice);
     }
     Ok(Json(json!({"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices, "usage": usage(prompt_tokens, completion)})).into_response())
 }

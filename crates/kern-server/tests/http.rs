@@ -144,6 +144,11 @@ async fn endpoints_answer_in_openai_shapes() {
     assert_eq!(v["choices"][0]["text"], reference_text(&prompt, 12));
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(v["usage"], json!({"prompt_tokens": 20, "completion_tokens": 12, "total_tokens": 32}));
+    let (_, t) = s.post("/v1/completions", json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": true, "return_token_ids": true})).await;
+    assert_eq!(t["choices"][0]["token_ids"], json!(FakeModel::reference(&hash_rule(VOCAB), &prompt, 12)));
+    let (events, _) = s.stream("/v1/completions", json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": true, "return_token_ids": true, "stream": true})).await;
+    let streamed: Vec<u64> = events.iter().flat_map(|e| e["choices"][0]["token_ids"].as_array().cloned().unwrap_or_default()).map(|x| x.as_u64().unwrap()).collect();
+    assert_eq!(json!(streamed), t["choices"][0]["token_ids"], "every token id once, in order");
     // A list of prompts × n: index = prompt·n + sample; the alias name works.
     let (st, v) = s.post("/v1/completions", json!({"model": "alias", "prompt": ["Hello", "World"], "n": 2, "max_tokens": 3, "temperature": 0.8, "seed": 5})).await;
     assert_eq!(st, 200, "{v}");
