@@ -146,7 +146,7 @@ impl Checkpoint {
             return Err(WeightsError::NotFound {
                 path: file.to_path_buf(),
                 message: format!(
-                    "part {} of a GGUF split into {n} files: merge the parts into one file first (llama.cpp: `llama-gguf-split --merge FIRST-PART OUT.gguf`)",
+                    "part {} of a GGUF split into {n} files: merge the parts into one file first (ggml's gguf-split tool: `gguf-split --merge FIRST-PART OUT.gguf`)",
                     no + 1
                 ),
             });

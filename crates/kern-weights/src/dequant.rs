@@ -4,7 +4,7 @@
 //! (`scripts/gen-gguf-quants.py`, `tests/gguf_exact.rs`).
 //!
 //! Each formula evaluates the same f32 operations in the same order as gguf-py (which is
-//! llama.cpp's `dequantize_row_*`): f16 scales widened exactly to f32, `(d·scale)·q`, then one
+//! ggml's `dequantize_row_*`): f16 scales widened exactly to f32, `(d·scale)·q`, then one
 //! final `+ m` or `− dmin·m`. No FMA is used (Rust never contracts `a*b+c`), so the only
 //! rounding is the one gguf-py does too. Block layouts: shared/notes/gguf.md §2.
 //!
@@ -147,7 +147,7 @@ fn q3_k(b: &[u8], o: &mut [f32]) {
     }
 }
 
-/// The 6-bit scale and min of sub-block `k` (llama.cpp's `get_scale_min_k4`).
+/// The 6-bit scale and min of sub-block `k` (ggml's `get_scale_min_k4`).
 #[inline(always)]
 fn scale_min_k4(s: &[u8], k: usize) -> (u8, u8) {
     if k < 4 {

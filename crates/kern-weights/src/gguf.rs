@@ -1,4 +1,4 @@
-//! GGUF (v2 and v3), the file format of llama.cpp and Ollama: a header, metadata key/values,
+//! GGUF (v2 and v3), ggml's model file format: a header, metadata key/values,
 //! tensor infos and an aligned data section, all little-endian.
 //!
 //! [`parse`] reads everything but the tensor data from a byte slice (the memory-mapped file)
@@ -449,7 +449,7 @@ impl Gguf {
         self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 
-    /// `general.architecture` (e.g. `qwen2`).
+    /// `general.architecture`: the model family, which only a model pack interprets.
     pub fn architecture(&self) -> Option<&str> {
         self.get("general.architecture").and_then(Value::as_str)
     }
@@ -603,7 +603,7 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<Gguf> {
     }
     match version {
         2 | 3 => {}
-        1 => return Err(r.err(4, "GGUF version 1 (32-bit counts) is obsolete: convert the file with a current llama.cpp".into())),
+        1 => return Err(r.err(4, "GGUF version 1 (32-bit counts) is obsolete: convert the file with a current ggml converter".into())),
         v => return Err(r.err(4, format!("GGUF version {v}: kern reads versions 2 and 3"))),
     }
     // Smallest tensor info: empty name (8), n_dims (4), type (4), offset (8).
