@@ -23,6 +23,10 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 pub const MAX_DIMS: usize = 4;
 /// How deep arrays of arrays may nest (the spec allows nesting; real files never nest).
 const MAX_DEPTH: usize = 8;
+/// Most items reserved ahead from a count: counts are checked against the bytes left, but a
+/// decoded item is larger than its smallest encoding, so a lying count in a large file must
+/// not reserve memory ahead; past this, vectors grow only as items are actually read.
+const PREALLOC: usize = 4096;
 
 /// Whether `bytes` start like a GGUF file.
 pub fn is_gguf(bytes: &[u8]) -> bool {
@@ -564,7 +568,7 @@ impl<'a> Reader<'a> {
         let n = self.count(elem.min_bytes(), &format!("`{key}`: array length"))?;
         macro_rules! many {
             ($variant:ident, $f:expr) => {{
-                let mut v = Vec::with_capacity(n);
+                let mut v = Vec::with_capacity(n.min(PREALLOC));
                 for _ in 0..n {
                     v.push($f(&mut *self)?);
                 }
@@ -611,8 +615,8 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<Gguf> {
     // Smallest key/value: empty key (8), type (4), a one-byte value.
     let n_kv = r.count(13, "the metadata count")?;
 
-    let mut metadata: Vec<(String, Value)> = Vec::with_capacity(n_kv);
-    let mut keys = std::collections::HashSet::with_capacity(n_kv);
+    let mut metadata: Vec<(String, Value)> = Vec::with_capacity(n_kv.min(PREALLOC));
+    let mut keys = std::collections::HashSet::with_capacity(n_kv.min(PREALLOC));
     for i in 0..n_kv {
         let at = r.pos;
         let key = r.string(&format!("metadata key {i}"))?;
@@ -635,8 +639,8 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<Gguf> {
         },
     };
 
-    let mut tensors = Vec::with_capacity(n_tensors);
-    let mut names = std::collections::HashSet::with_capacity(n_tensors);
+    let mut tensors = Vec::with_capacity(n_tensors.min(PREALLOC));
+    let mut names = std::collections::HashSet::with_capacity(n_tensors.min(PREALLOC));
     for i in 0..n_tensors {
         let info_at = r.pos;
         let name = r.string(&format!("the name of tensor {i}"))?;
