@@ -1,4 +1,5 @@
-//! Checkpoint reading for kern: safetensors files shaped into the weights a manifest declares.
+//! Checkpoint reading for kern: safetensors and GGUF files shaped into the weights a manifest
+//! declares.
 //!
 //! A manifest says, for each weight buffer, where its contents come from (`from`): one
 //! checkpoint tensor (by default the one named like the buffer), several concatenated along an
@@ -17,6 +18,12 @@
 //!    checkpoint's dtype is not the manifest's; other dtypes must match exactly.
 //!
 //! Aliases are never loaded: [`alias_of`] says which buffer's memory an alias shares.
+//!
+//! GGUF ([`gguf`]): one `.gguf` file (or a directory holding exactly one) opens like a
+//! safetensors checkpoint. Its tensors are shown outermost dimension first (GGUF's dims
+//! reversed); plain types (F32, F16, BF16, integers) behave like safetensors dtypes, and block
+//! types are dequantized into float buffers by [`dequant`] — bit-exact with the `gguf` Python
+//! package, on every core — wherever a tensor source reads them (tensor and concat alike).
 
 mod checkpoint;
 pub mod convert;
