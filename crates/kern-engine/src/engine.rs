@@ -194,11 +194,19 @@ impl Engine {
             .name("kern-engine".into())
             .spawn(move || {
                 let t0 = Instant::now();
-                let model = match load() {
-                    Ok(m) => m,
-                    Err(e) => return fail(&inner, format!("loading the model: {e}")),
-                };
-                run(&inner, cfg, tokenizer.as_deref(), model, rx, t0);
+                // A bug must not leave a server that accepts requests nobody computes: a panic
+                // in the loop fails the engine like a GPU fault does.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let model = match load() {
+                        Ok(m) => m,
+                        Err(e) => return fail(&inner, format!("loading the model: {e}")),
+                    };
+                    run(&inner, cfg, tokenizer.as_deref(), model, rx, t0);
+                }));
+                if let Err(p) = r {
+                    let what = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+                    fail(&inner, format!("the engine thread panicked (a bug in kern; please report it): {what}"));
+                }
             })
             .expect("spawning the engine thread");
         *engine.inner.thread.lock().expect("fresh lock") = Some(handle);
