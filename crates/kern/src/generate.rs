@@ -16,12 +16,13 @@ use std::time::Instant;
 
 /// Generate text with a packed model: several prompts in one batch, chunked prefill, CUDA-graph decode.
 #[derive(clap::Args)]
-#[command(after_help = "Examples:\n  kern generate --model ~/models/Qwen3-4B --prompt 'The capital of France is' --max-tokens 32\n  kern generate --model DIR --prompt-ids 1,2,3 --prompt-ids 4,5 --temperature 0 --dump out/")]
+#[command(after_help = "Examples:\n  kern generate --chat --prompt 'What is the capital of France?'   (the default model from scripts/setup.sh)\n  kern generate --model ~/models/Qwen3-4B --prompt 'The capital of France is' --max-tokens 32\n  kern generate --model DIR --prompt-ids 1,2,3 --prompt-ids 4,5 --temperature 0 --dump out/")]
 pub struct Args {
     /// A model directory: model.json (from `kern pack`), its cubins, the weights, and
-    /// tokenizer.json for text prompts.
+    /// tokenizer.json for text prompts; or a Hugging Face id in the local cache. Default: the
+    /// model `scripts/setup.sh` installed.
     #[arg(long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     /// A text prompt (repeatable: all prompts run as one batch).
     #[arg(long = "prompt")]
     prompts: Vec<String>,
@@ -89,7 +90,7 @@ pub fn loader(dir: PathBuf, opts: LoadOptions, report: Arc<Mutex<Option<kern_eng
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let t0 = Instant::now();
-    let dir = &args.model;
+    let dir = &crate::model_dir::resolve_model(args.model.as_deref())?;
     if !dir.join("model.json").exists() {
         bail!("{}: no model.json: run `kern pack --config {}/config.json -o {}` first", dir.display(), dir.display(), dir.display());
     }

@@ -1,9 +1,6 @@
 //! Where `--model` points: a model directory, a Hugging Face id found in the local Hugging Face
 //! cache, or — with no `--model` — the default model `scripts/setup.sh` packs into `$KERN_HOME`.
 
-// `generate` and `serve` call resolve_model; until both do, parts of this module are unused.
-#![allow(dead_code)]
-
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
 
