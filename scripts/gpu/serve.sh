@@ -14,7 +14,7 @@ K=${KERN:-.carry/kern}
 W=${KERN_SERVE_DIR:-/tmp/kern-serve}
 OUTD=${OUT:-/tmp/kern-out}
 mkdir -p "$OUTD" "$W"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/openai/*.whl && export PYTHONPATH=/tmp/site
 declare -a rows
 row() { rows+=("$(printf '%-34s %s' "$1" "$2")"); }
 port=8123
