@@ -40,11 +40,13 @@ pub struct EngineConfig {
     pub max_queue: usize,
     /// The model's end-of-sequence ids.
     pub eos: Vec<u32>,
+    /// Reuse the KV pages of prompt prefixes computed before (automatic prefix caching).
+    pub prefix_cache: bool,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { max_seqs: None, max_batched_tokens: None, max_queue: 4096, eos: vec![] }
+        EngineConfig { max_seqs: None, max_batched_tokens: None, max_queue: 4096, eos: vec![], prefix_cache: true }
     }
 }
 
@@ -372,6 +374,8 @@ struct Live<'t> {
     seed: u64,
     host_sample: bool,
     generated: usize,
+    /// Prompt tokens the prefix cache supplied at the request's first step.
+    cached: usize,
     started: Option<Instant>,
     last_token: Option<Instant>,
 }
@@ -392,7 +396,7 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
     let chunk = cfg.max_batched_tokens.unwrap_or(mi.max_step_tokens).clamp(1, mi.max_step_tokens.max(1));
     let mut sched = Scheduler::new(
         SchedulerConfig { chunk, max_seqs, max_context: mi.max_context(), pages_per_seq: mi.pages_per_seq },
-        BlockManager::new(mi.total_pages, mi.page_tokens),
+        BlockManager::new(mi.total_pages, mi.page_tokens).with_prefix_cache(cfg.prefix_cache),
     );
     let m = &inner.metrics;
     m.kv_total_pages.set(mi.total_pages as i64);
@@ -417,7 +421,7 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
         m.generation_len.observe(lv.generated as f64);
         m.finished(reason.as_str());
         inner.pending.fetch_sub(1, Ordering::Relaxed);
-        lv.send(Event::Finished { reason, stop_reason: stop, prompt_tokens: lv.req.prompt.len(), completion_tokens: lv.generated });
+        lv.send(Event::Finished { reason, stop_reason: stop, prompt_tokens: lv.req.prompt.len(), completion_tokens: lv.generated, cached_tokens: lv.cached });
     };
     loop {
         // 1. Commands: wait for one only when there is nothing to compute.
@@ -468,7 +472,7 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
                             m.prompt_len.observe(req.prompt.len() as f64);
                             seq_of.insert(id, seq);
                             let host_sample = needs_host_sampling(&mi, &req);
-                            live.insert(seq, Live { id, tx, text, req, seed, host_sample, generated: 0, started: None, last_token: None });
+                            live.insert(seq, Live { id, tx, text, req, seed, host_sample, generated: 0, cached: 0, started: None, last_token: None });
                         }
                         Err(e) => {
                             inner.pending.fetch_sub(1, Ordering::Relaxed);
@@ -518,6 +522,7 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
             if let Some(lv) = live.get_mut(&ss.id) {
                 if lv.started.is_none() {
                     lv.started = Some(now);
+                    lv.cached = ss.start;
                     m.queue_time.observe(now.duration_since(lv.req.arrival).as_secs_f64());
                 }
             }
@@ -615,6 +620,10 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
 
 fn publish(inner: &Inner, sched: &Scheduler) {
     let m = &inner.metrics;
+    let c = sched.cache_stats();
+    m.prefix_queries.inc_by(c.queries.saturating_sub(m.prefix_queries.get()));
+    m.prefix_hits.inc_by(c.hits.saturating_sub(m.prefix_hits.get()));
+    m.cached_pages.set(sched.cached_pages() as i64);
     m.running.set(sched.running() as i64);
     m.waiting.set(sched.waiting() as i64);
     inner.running.store(sched.running(), Ordering::Relaxed);

@@ -24,6 +24,9 @@ pub struct Metrics {
     pub prompt_tokens: Counter,
     pub generation_tokens: Counter,
     pub preemptions: Counter,
+    pub prefix_queries: Counter,
+    pub prefix_hits: Counter,
+    pub cached_pages: Gauge,
     pub steps: Counter,
     pub success: Family<Labels, Counter>,
     pub ttft: Histogram,
@@ -53,6 +56,9 @@ impl Metrics {
             prompt_tokens: Counter::default(),
             generation_tokens: Counter::default(),
             preemptions: Counter::default(),
+            prefix_queries: Counter::default(),
+            prefix_hits: Counter::default(),
+            cached_pages: Gauge::default(),
             steps: Counter::default(),
             success: Family::default(),
             // 1 ms … ~2600 s
@@ -77,6 +83,9 @@ impl Metrics {
             r.register("kern:generation_tokens", "Generated tokens", m.generation_tokens.clone());
             r.register("kern:num_preemptions", "Requests preempted (pages freed, recomputed later)", m.preemptions.clone());
             r.register("kern:engine_steps", "Steps run", m.steps.clone());
+            r.register("kern:prefix_cache_queries", "Prompt tokens looked up in the prefix cache", m.prefix_queries.clone());
+            r.register("kern:prefix_cache_hits", "Prompt tokens found in the prefix cache (not computed)", m.prefix_hits.clone());
+            r.register("kern:kv_cache_cached_pages", "KV pages holding a cached prefix (in use or free)", m.cached_pages.clone());
             r.register("kern:request_success", "Finished requests by finish reason", m.success.clone());
             r.register("kern:time_to_first_token_seconds", "Time from arrival to the first generated token", m.ttft.clone());
             r.register("kern:inter_token_latency_seconds", "Time between successive tokens of a request", m.itl.clone());

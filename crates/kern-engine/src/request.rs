@@ -115,7 +115,8 @@ pub enum Event {
     /// they are ruled out) and the tokens generated since the last event.
     /// `logits` holds the tokens' logits rows only when the request asked for them.
     Output { text: String, tokens: Vec<u32>, logprobs: Vec<TokenLogprob>, logits: Vec<f32> },
-    Finished { reason: FinishReason, stop_reason: Option<StopReason>, prompt_tokens: usize, completion_tokens: usize },
+    /// `cached_tokens`: prompt tokens found in the prefix cache at admission (not computed).
+    Finished { reason: FinishReason, stop_reason: Option<StopReason>, prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize },
     /// The engine failed (a GPU fault): the request is lost; the message names the op.
     Failed(String),
 }

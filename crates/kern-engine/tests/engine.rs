@@ -83,7 +83,7 @@ fn many_concurrent_requests_with_preemption_get_exactly_the_reference_tokens() {
     for ((p, n), t) in reqs.iter().zip(threads) {
         let c = t.join().unwrap();
         assert_eq!(c.tokens, FakeModel::reference(&rule, p, *n), "no token lost, duplicated or changed");
-        assert_eq!(c.end, Event::Finished { reason: FinishReason::Length, stop_reason: None, prompt_tokens: p.len(), completion_tokens: *n });
+        assert_eq!(c.end, Event::Finished { reason: FinishReason::Length, stop_reason: None, prompt_tokens: p.len(), completion_tokens: *n, cached_tokens: 0 });
     }
     assert!(metric(&e, "kern:num_preemptions_total") > 0.0, "the pool was too small: preemption happened");
     wait_for("pages back", || metric(&e, "kern:kv_cache_used_pages") == 0.0);
@@ -109,7 +109,7 @@ fn stop_strings_split_across_tokens_are_matched_and_never_emitted() {
     let c = collect(e.submit(Request { stop: vec!["nomatch-xyz".into(), stop.into()], ..Request::new(prompt.clone(), 40) }).unwrap());
     assert_eq!(c.text, "The answer i");
     assert!(c.chunks.iter().all(|ch| !ch.contains('4')), "no part of the stop string streamed: {:?}", c.chunks);
-    assert_eq!(c.end, Event::Finished { reason: FinishReason::Stop, stop_reason: Some(StopReason::Text(stop.into())), prompt_tokens: prompt.len(), completion_tokens: c.tokens.len() });
+    assert_eq!(c.end, Event::Finished { reason: FinishReason::Stop, stop_reason: Some(StopReason::Text(stop.into())), prompt_tokens: prompt.len(), completion_tokens: c.tokens.len(), cached_tokens: 0 });
     // include_stop_str keeps it; no stop → the whole script (max_tokens = its length).
     let c = collect(e.submit(Request { stop: vec![stop.into()], include_stop_str: true, ..Request::new(prompt.clone(), 40) }).unwrap());
     assert_eq!(c.text, "The answer is 42.\nD");
@@ -140,10 +140,10 @@ fn end_of_sequence_and_stop_token_ids() {
     let e = start(FakeModel::new(info(64, 8, 64), script_rule(script, 3)), EngineConfig { eos: vec![eos], ..Default::default() }, false);
     let c = collect(e.submit(Request::new(prompt.clone(), 10)).unwrap());
     assert_eq!(c.tokens, vec![10, 11, eos]);
-    assert_eq!(c.end, Event::Finished { reason: FinishReason::Stop, stop_reason: None, prompt_tokens: 3, completion_tokens: 3 });
+    assert_eq!(c.end, Event::Finished { reason: FinishReason::Stop, stop_reason: None, prompt_tokens: 3, completion_tokens: 3, cached_tokens: 0 });
     let c = collect(e.submit(Request { ignore_eos: true, stop_token_ids: vec![13], ..Request::new(prompt.clone(), 10) }).unwrap());
     assert_eq!(c.tokens, vec![10, 11, eos, 12, 13]);
-    assert_eq!(c.end, Event::Finished { reason: FinishReason::Stop, stop_reason: Some(StopReason::Token(13)), prompt_tokens: 3, completion_tokens: 5 });
+    assert_eq!(c.end, Event::Finished { reason: FinishReason::Stop, stop_reason: Some(StopReason::Token(13)), prompt_tokens: 3, completion_tokens: 5, cached_tokens: 0 });
 }
 
 #[test]
@@ -244,4 +244,28 @@ fn a_full_queue_refuses_new_requests() {
         }
     }
     assert!(refused >= 2, "one runs, two wait, the rest are refused ({refused})");
+}
+
+#[test]
+fn a_shared_prefix_is_served_from_the_cache_with_identical_outputs() {
+    let rule = hash_rule(VOCAB);
+    let system: Vec<u32> = (0..200).map(|t| 3000 + t).collect();
+    let ask = |e: &Engine, q: u32| {
+        let p: Vec<u32> = system.iter().copied().chain([q, q + 1, q + 2]).collect();
+        let c = collect(e.submit(Request { ignore_eos: true, ..Request::new(p.clone(), 10) }).unwrap());
+        assert_eq!(c.tokens, FakeModel::reference(&rule, &p, 10));
+        match c.end {
+            Event::Finished { cached_tokens, .. } => cached_tokens,
+            other => panic!("{other:?}"),
+        }
+    };
+    let e = start(FakeModel::new(info(256, 8, 64), rule.clone()), EngineConfig::default(), false);
+    assert_eq!(ask(&e, 1), 0, "cold");
+    assert_eq!(ask(&e, 50), 200, "the 200-token system prompt (50 full pages) comes from the cache");
+    assert_eq!(ask(&e, 1), 200, "and the same prompt again: all full pages (its last token is computed)");
+    assert_eq!(metric(&e, "kern:prefix_cache_hits_total"), 400.0);
+    assert_eq!(metric(&e, "kern:prefix_cache_queries_total"), 3.0 * 203.0);
+    let off = start(FakeModel::new(info(256, 8, 64), rule.clone()), EngineConfig { prefix_cache: false, ..Default::default() }, false);
+    assert_eq!(ask(&off, 1), 0);
+    assert_eq!(ask(&off, 1), 0, "--no-prefix-cache");
 }

@@ -1,5 +1,22 @@
-//! The KV page pool: a free list of page ids. A sequence holds the pages covering its context;
-//! pages return to the pool when the sequence finishes.
+//! The KV page pool with a prefix cache.
+//!
+//! A page id indexes every per-token state pool at once. Each page is either **in use**
+//! (reference count > 0: held by that many running sequences) or **free** (count 0, on the LRU
+//! list). A *full* page whose tokens are known can be **cached**: it gets a hash chained from its
+//! parent page's hash and its own tokens, `hash → page` goes into a table, and the page keeps its
+//! contents and hash after it is freed, until the allocator reuses it. Allocation takes the least
+//! recently freed page (pages that hold nothing worth keeping come first); reusing a cached page
+//! evicts its hash.
+//!
+//! A new sequence walks its prompt page by page through the table; each hit is checked against
+//! the page's stored tokens and parent page, so a hash collision can never alias two different
+//! prefixes. Hit pages are shared read-only (their reference count goes up); a sequence only
+//! ever writes pages past its cached prefix, which it holds alone.
+//!
+//! Page lifecycle: allocate → written by a step → (full) cached → in use by more sequences →
+//! freed (LRU, contents kept) → hit again (back in use) or evicted by an allocation.
+
+use std::collections::HashMap;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PageError {
@@ -7,33 +24,175 @@ pub enum PageError {
     Exhausted { needed: usize, free: usize, total: usize, page_tokens: usize },
 }
 
+/// A prefix hash: 128 bits, chained from the parent page's.
+pub type PageHash = u128;
+
+/// The hash of a page with `tokens` after a parent page with hash `parent` (None: the first
+/// page). FNV-1a in 128 bits over the parent hash and the tokens.
+pub fn page_hash(parent: Option<PageHash>, tokens: &[u32]) -> PageHash {
+    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013B;
+    let mut h: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+    let mut eat = |b: u8| {
+        h ^= b as u128;
+        h = h.wrapping_mul(PRIME);
+    };
+    match parent {
+        None => eat(0),
+        Some(p) => {
+            eat(1);
+            p.to_le_bytes().into_iter().for_each(&mut eat);
+        }
+    }
+    for t in tokens {
+        t.to_le_bytes().into_iter().for_each(&mut eat);
+    }
+    h
+}
+
+#[derive(Debug, Clone)]
+struct Cached {
+    hash: PageHash,
+    /// The page before this one in the prefix it was computed in (None: the first page).
+    parent: Option<u32>,
+    tokens: Vec<u32>,
+}
+
+const NIL: u32 = u32::MAX;
+
+/// Counters of the prefix cache, in tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Prompt tokens looked up.
+    pub queries: u64,
+    /// Prompt tokens found cached (and not computed again).
+    pub hits: u64,
+    /// Cached pages whose hash was dropped because the page was reused.
+    pub evictions: u64,
+}
+
 #[derive(Debug, Clone)]
 pub struct BlockManager {
     page_tokens: usize,
     total: usize,
-    free: Vec<u32>,
+    refs: Vec<u32>,
+    cached: Vec<Option<Cached>>,
+    by_hash: HashMap<PageHash, u32>,
+    /// The free list, a doubly linked list through `prev` / `next` (`head` is allocated first).
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    head: u32,
+    tail: u32,
+    free: usize,
+    caching: bool,
+    stats: CacheStats,
 }
 
 impl BlockManager {
+    /// A pool of `total_pages` pages with the prefix cache on.
     pub fn new(total_pages: usize, page_tokens: usize) -> Self {
         assert!(page_tokens > 0, "page_tokens must be positive");
-        // Lowest ids handed out first (pop from the end).
-        BlockManager { page_tokens, total: total_pages, free: (0..total_pages as u32).rev().collect() }
+        assert!(total_pages < NIL as usize, "too many pages");
+        let mut b = BlockManager {
+            page_tokens,
+            total: total_pages,
+            refs: vec![0; total_pages],
+            cached: vec![None; total_pages],
+            by_hash: HashMap::new(),
+            prev: vec![NIL; total_pages],
+            next: vec![NIL; total_pages],
+            head: NIL,
+            tail: NIL,
+            free: 0,
+            caching: true,
+            stats: CacheStats::default(),
+        };
+        // Lowest ids handed out first.
+        for p in 0..total_pages as u32 {
+            b.push_back(p);
+        }
+        b
+    }
+
+    /// Turns the prefix cache on or off (off: no page is ever cached or looked up).
+    pub fn with_prefix_cache(mut self, on: bool) -> Self {
+        self.caching = on;
+        self
+    }
+
+    pub fn prefix_cache(&self) -> bool {
+        self.caching
     }
 
     pub fn page_tokens(&self) -> usize {
         self.page_tokens
     }
+    /// Pages that can be allocated (free, cached or not).
     pub fn free_pages(&self) -> usize {
-        self.free.len()
+        self.free
     }
     pub fn total_pages(&self) -> usize {
         self.total
     }
+    /// Pages that hold a cached prefix (in use or free).
+    pub fn cached_pages(&self) -> usize {
+        self.by_hash.len()
+    }
+    pub fn stats(&self) -> CacheStats {
+        self.stats
+    }
+    pub fn refs(&self, page: u32) -> u32 {
+        self.refs[page as usize]
+    }
 
-    /// The free pages (the next one handed out is the last).
-    pub fn free_list(&self) -> &[u32] {
-        &self.free
+    /// The free pages, next to be allocated first.
+    pub fn free_list(&self) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.free);
+        let mut p = self.head;
+        while p != NIL {
+            out.push(p);
+            p = self.next[p as usize];
+        }
+        out
+    }
+
+    fn unlink(&mut self, p: u32) {
+        let (pr, nx) = (self.prev[p as usize], self.next[p as usize]);
+        if pr == NIL { self.head = nx } else { self.next[pr as usize] = nx }
+        if nx == NIL { self.tail = pr } else { self.prev[nx as usize] = pr }
+        self.prev[p as usize] = NIL;
+        self.next[p as usize] = NIL;
+        self.free -= 1;
+    }
+
+    fn push_back(&mut self, p: u32) {
+        self.prev[p as usize] = self.tail;
+        self.next[p as usize] = NIL;
+        if self.tail == NIL { self.head = p } else { self.next[self.tail as usize] = p }
+        self.tail = p;
+        self.free += 1;
+    }
+
+    fn push_front(&mut self, p: u32) {
+        self.next[p as usize] = self.head;
+        self.prev[p as usize] = NIL;
+        if self.head == NIL { self.tail = p } else { self.prev[self.head as usize] = p }
+        self.head = p;
+        self.free += 1;
+    }
+
+    /// Takes the least recently freed page; a cached page loses its hash (evicted).
+    fn allocate(&mut self) -> Option<u32> {
+        let p = self.head;
+        if p == NIL {
+            return None;
+        }
+        self.unlink(p);
+        if let Some(c) = self.cached[p as usize].take() {
+            self.by_hash.remove(&c.hash);
+            self.stats.evictions += 1;
+        }
+        self.refs[p as usize] = 1;
+        Some(p)
     }
 
     /// Pages needed to hold `tokens` tokens.
@@ -48,18 +207,113 @@ impl BlockManager {
             return Ok(());
         }
         let needed = want - pages.len();
-        if needed > self.free.len() {
-            return Err(PageError::Exhausted { needed, free: self.free.len(), total: self.total, page_tokens: self.page_tokens });
+        if needed > self.free {
+            return Err(PageError::Exhausted { needed, free: self.free, total: self.total, page_tokens: self.page_tokens });
         }
         for _ in 0..needed {
-            pages.push(self.free.pop().expect("checked above"));
+            pages.push(self.allocate().expect("checked free pages"));
         }
         Ok(())
     }
 
-    /// Returns a sequence's pages to the pool.
+    /// Drops a sequence's hold on its pages. Pages nobody holds go back to the free list:
+    /// cached ones at the end, the sequence's last pages first (a prefix's tail is the least
+    /// likely to be shared, so it is evicted before its head); uncached ones at the front.
     pub fn release(&mut self, pages: &mut Vec<u32>) {
-        self.free.append(pages);
+        for &p in pages.iter().rev() {
+            let r = &mut self.refs[p as usize];
+            debug_assert!(*r > 0, "page {p} released twice");
+            *r = r.saturating_sub(1);
+            if *r == 0 {
+                if self.cached[p as usize].is_some() {
+                    self.push_back(p);
+                } else {
+                    self.push_front(p);
+                }
+            }
+        }
+        pages.clear();
+    }
+
+    /// The longest cached run of full pages of `tokens`, at most `max_pages`: each page is
+    /// taken (its reference count goes up) and returned in order with the hash chain.
+    pub fn lookup(&mut self, tokens: &[u32], max_pages: usize) -> (Vec<u32>, Vec<PageHash>) {
+        let pt = self.page_tokens;
+        let (mut pages, mut hashes) = (Vec::new(), Vec::new());
+        if !self.caching {
+            return (pages, hashes);
+        }
+        let mut parent: Option<(u32, PageHash)> = None;
+        for chunk in tokens.chunks_exact(pt).take(max_pages) {
+            let h = page_hash(parent.map(|p| p.1), chunk);
+            let Some(&p) = self.by_hash.get(&h) else { break };
+            let c = self.cached[p as usize].as_ref().expect("a hashed page is cached");
+            if c.tokens != chunk || c.parent != parent.map(|x| x.0) {
+                break; // a collision: never reuse another prefix's page
+            }
+            if self.refs[p as usize] == 0 {
+                self.unlink(p);
+            }
+            self.refs[p as usize] += 1;
+            pages.push(p);
+            hashes.push(h);
+            parent = Some((p, h));
+        }
+        (pages, hashes)
+    }
+
+    /// Counts a lookup of `queried` prompt tokens that found `hit` of them cached.
+    pub fn record(&mut self, queried: usize, hit: usize) {
+        self.stats.queries += queried as u64;
+        self.stats.hits += hit as u64;
+    }
+
+    /// Caches a full page (computed, in use by the caller) holding `tokens` after `parent`
+    /// (the parent's canonical page and hash). Returns the page's canonical page and hash: a
+    /// page with the same prefix already cached (the same tokens computed twice at once) stays
+    /// the cached one, and this page stays uncached; children link to the canonical page.
+    pub fn register(&mut self, page: u32, parent: Option<(u32, PageHash)>, tokens: &[u32]) -> (u32, PageHash) {
+        debug_assert_eq!(tokens.len(), self.page_tokens);
+        let hash = page_hash(parent.map(|p| p.1), tokens);
+        if !self.caching {
+            return (page, hash);
+        }
+        if let Some(c) = &self.cached[page as usize] {
+            return (page, c.hash);
+        }
+        if let Some(&q) = self.by_hash.get(&hash) {
+            return (q, hash);
+        }
+        self.by_hash.insert(hash, page);
+        self.cached[page as usize] = Some(Cached { hash, parent: parent.map(|p| p.0), tokens: tokens.to_vec() });
+        (page, hash)
+    }
+
+    /// Checks the pool's accounting: each page is free exactly once or referenced, the free
+    /// count matches, and the hash table and page metadata agree. Panics naming the broken rule.
+    pub fn check(&self) {
+        let mut on_list = vec![false; self.total];
+        let mut n = 0;
+        let mut p = self.head;
+        let mut last = NIL;
+        while p != NIL {
+            assert!(!on_list[p as usize], "page {p} is on the free list twice");
+            on_list[p as usize] = true;
+            assert_eq!(self.prev[p as usize], last, "free list links broken at page {p}");
+            assert_eq!(self.refs[p as usize], 0, "page {p} is free but referenced");
+            last = p;
+            p = self.next[p as usize];
+            n += 1;
+        }
+        assert_eq!(self.tail, last, "free list tail");
+        assert_eq!(n, self.free, "free count");
+        for (i, &r) in self.refs.iter().enumerate() {
+            assert!(r > 0 || on_list[i], "page {i} is neither free nor referenced (leaked)");
+        }
+        for (&h, &p) in &self.by_hash {
+            assert_eq!(self.cached[p as usize].as_ref().map(|c| c.hash), Some(h), "hash table and page {p} disagree");
+        }
+        assert_eq!(self.cached.iter().filter(|c| c.is_some()).count(), self.by_hash.len(), "cached pages without a table entry");
     }
 }
 
@@ -82,5 +336,58 @@ mod tests {
         b.release(&mut p);
         assert_eq!(b.free_pages(), 4);
         assert!(p.is_empty());
+        b.check();
+    }
+
+    #[test]
+    fn cached_pages_survive_release_and_are_evicted_lru() {
+        let mut b = BlockManager::new(4, 2);
+        let mut a = Vec::new();
+        b.ensure(&mut a, 4).unwrap(); // pages 0, 1
+        let c0 = b.register(a[0], None, &[1, 2]);
+        b.register(a[1], Some(c0), &[3, 4]);
+        b.release(&mut a);
+        assert_eq!(b.free_list(), vec![2, 3, 1, 0], "uncached first; the prefix's tail before its head");
+        let (hit, _) = b.lookup(&[1, 2, 3, 4, 5], 9);
+        assert_eq!(hit, vec![0, 1]);
+        assert_eq!((b.refs(0), b.free_pages()), (1, 2));
+        let (hit2, _) = b.lookup(&[1, 2, 9, 9], 9);
+        assert_eq!(hit2, vec![0], "the second page differs");
+        assert_eq!(b.refs(0), 2, "shared");
+        b.release(&mut hit2.clone());
+        b.release(&mut hit.clone());
+        // Allocating every page evicts the cached ones last.
+        let mut all = Vec::new();
+        b.ensure(&mut all, 8).unwrap();
+        assert_eq!(all, vec![2, 3, 1, 0]);
+        assert_eq!(b.stats().evictions, 2);
+        assert_eq!(b.lookup(&[1, 2], 9).0, Vec::<u32>::new(), "evicted");
+        b.check();
+    }
+
+    #[test]
+    fn a_hash_collision_cannot_alias_another_prefix() {
+        let mut b = BlockManager::new(4, 2);
+        let mut a = Vec::new();
+        b.ensure(&mut a, 2).unwrap();
+        let (_, h) = b.register(a[0], None, &[1, 2]);
+        // Forge the table: another prefix's hash pointing at this page.
+        let forged = page_hash(None, &[7, 8]);
+        b.by_hash.insert(forged, a[0]);
+        b.by_hash.remove(&h);
+        b.cached[a[0] as usize].as_mut().unwrap().hash = forged;
+        let (hit, _) = b.lookup(&[7, 8], 9);
+        assert!(hit.is_empty(), "the stored tokens differ: no hit");
+    }
+
+    #[test]
+    fn turned_off_nothing_is_cached() {
+        let mut b = BlockManager::new(4, 2).with_prefix_cache(false);
+        let mut a = Vec::new();
+        b.ensure(&mut a, 2).unwrap();
+        b.register(a[0], None, &[1, 2]);
+        b.release(&mut a);
+        assert!(b.lookup(&[1, 2, 3], 9).0.is_empty());
+        assert_eq!(b.cached_pages(), 0);
     }
 }

@@ -14,6 +14,6 @@ mod blocks;
 mod scheduler;
 mod step;
 
-pub use blocks::{BlockManager, PageError};
+pub use blocks::{page_hash, BlockManager, CacheStats, PageError, PageHash};
 pub use scheduler::{AddError, Finish, Limits, SamplingParams, Scheduler, SchedulerConfig, SeqId, SeqOutput};
 pub use step::{Step, StepSeq};

@@ -19,7 +19,7 @@
 //! eventually reported finished (by `commit`) or removed by `abort`: none is lost or
 //! duplicated (property-tested below).
 
-use crate::blocks::BlockManager;
+use crate::blocks::{BlockManager, CacheStats, PageHash};
 use crate::step::{SeqView, Step};
 use std::collections::VecDeque;
 
@@ -139,6 +139,9 @@ struct Seq {
     computed: usize,
     generated: usize,
     pages: Vec<u32>,
+    /// The canonical page and hash of each cached-or-registered full page, in order (a prefix
+    /// of `pages`' length).
+    chain: Vec<(u32, PageHash)>,
     params: SamplingParams,
 }
 
@@ -183,7 +186,7 @@ impl Scheduler {
         self.limits().check(prompt.len(), params.max_tokens)?;
         let id = self.next_id;
         self.next_id += 1;
-        self.waiting.push_back(Seq { id, tokens: prompt, computed: 0, generated: 0, pages: Vec::new(), params });
+        self.waiting.push_back(Seq { id, tokens: prompt, computed: 0, generated: 0, pages: Vec::new(), chain: Vec::new(), params });
         Ok(id)
     }
 
@@ -245,6 +248,7 @@ impl Scheduler {
         let i = self.running.iter().rposition(|s| !keep.contains(&s.id))?;
         let mut s = self.running.remove(i);
         self.blocks.release(&mut s.pages);
+        s.chain.clear();
         s.computed = 0;
         self.preemptions += 1;
         let id = s.id;
@@ -284,13 +288,26 @@ impl Scheduler {
                 }
             }
         }
-        // Waiting sequences, in order, unless the pool just ran dry.
+        // Waiting sequences, in order, unless the pool just ran dry. Each first takes the
+        // longest cached run of its full pages (never its last token: its logits must be
+        // computed), then pages for its first chunk.
         while !preempted && self.running.len() < self.cfg.max_seqs && picked.len() < self.cfg.max_seqs && budget > 0 {
             let Some(front) = self.waiting.front_mut() else { break };
+            let pt = self.blocks.page_tokens();
+            let (hit, hashes) = self.blocks.lookup(&front.tokens, (front.tokens.len() - 1) / pt);
+            let cached = hit.len() * pt;
+            front.pages = hit;
+            front.chain = front.pages.iter().copied().zip(hashes).collect();
+            front.computed = cached;
             let n = front.left().min(budget);
-            if self.blocks.ensure(&mut front.pages, n).is_err() {
+            if self.blocks.ensure(&mut front.pages, cached + n).is_err() {
+                // Give the hits back; try again after pages are freed.
+                self.blocks.release(&mut front.pages);
+                front.chain.clear();
+                front.computed = 0;
                 break;
             }
+            self.blocks.record(front.tokens.len(), cached);
             let s = self.waiting.pop_front().expect("front exists");
             picked.push((s.id, n));
             budget -= n;
@@ -331,6 +348,7 @@ impl Scheduler {
     /// skipped.
     pub fn commit(&mut self, step: &Step, sampled: &[i32]) -> Vec<SeqOutput> {
         let mut out = Vec::new();
+        let blocks_pt = self.blocks.page_tokens();
         let max_context = self.max_context();
         for (row, ss) in step.seqs.iter().enumerate() {
             let Some(s) = self.running.iter_mut().find(|s| s.id == ss.id) else { continue };
@@ -338,6 +356,14 @@ impl Scheduler {
                 continue; // preempted and re-admitted since: this row is stale
             }
             s.computed += ss.n;
+            // Pages this step filled become cacheable.
+            let pt = blocks_pt;
+            while s.chain.len() < s.computed / pt {
+                let i = s.chain.len();
+                let parent = i.checked_sub(1).map(|j| s.chain[j]);
+                let c = self.blocks.register(s.pages[i], parent, &s.tokens[i * pt..(i + 1) * pt]);
+                s.chain.push(c);
+            }
             if !ss.samples {
                 continue;
             }
@@ -365,27 +391,37 @@ impl Scheduler {
         out
     }
 
-    /// Checks the page accounting: every page is free or held by exactly one running sequence,
-    /// and each running sequence holds exactly the pages its computed tokens need (or more, for
-    /// the chunk being computed). Panics with the broken rule; for tests and debug builds.
+    /// Checks the page accounting: each page's reference count is the number of running
+    /// sequences holding it, free pages are referenced by none, each running sequence holds the
+    /// pages its computed tokens need, queued ones hold none, and the pool's own lists agree.
+    /// Panics naming the broken rule; for tests and debug builds.
     pub fn check_invariants(&self) {
-        let total = self.blocks.total_pages();
-        let mut owner = vec![false; total];
-        for p in self.blocks.free_list() {
-            assert!(!owner[*p as usize], "page {p} is free twice");
-            owner[*p as usize] = true;
-        }
+        self.blocks.check();
+        let mut refs = vec![0u32; self.blocks.total_pages()];
         for s in &self.running {
             assert!(s.pages.len() >= self.blocks.pages_for(s.computed), "sequence {} computed {} tokens on {} pages", s.id, s.computed, s.pages.len());
+            let mut seen = std::collections::HashSet::new();
             for p in &s.pages {
-                assert!(!owner[*p as usize], "page {p} is owned twice (sequence {})", s.id);
-                owner[*p as usize] = true;
+                assert!(seen.insert(*p), "sequence {} holds page {p} twice", s.id);
+                refs[*p as usize] += 1;
             }
+        }
+        for (p, &r) in refs.iter().enumerate() {
+            assert_eq!(r, self.blocks.refs(p as u32), "page {p}: {r} running sequences hold it, its count says {}", self.blocks.refs(p as u32));
         }
         for s in &self.waiting {
             assert!(s.pages.is_empty() && s.computed == 0, "queued sequence {} holds pages", s.id);
         }
-        assert!(owner.iter().all(|&o| o), "a page is neither free nor owned (leaked)");
+    }
+
+    /// Pages holding a cached prefix (in use or free).
+    pub fn cached_pages(&self) -> usize {
+        self.blocks.cached_pages()
+    }
+
+    /// Prefix-cache counters (tokens queried and hit at admission, pages evicted).
+    pub fn cache_stats(&self) -> CacheStats {
+        self.blocks.stats()
     }
 }
 
@@ -639,6 +675,91 @@ mod tests {
                 } else {
                     proptest::prop_assert_eq!(got, &want);
                 }
+            }
+            proptest::prop_assert_eq!(s.free_pages(), pages);
+        }
+    }
+
+    #[test]
+    fn a_cached_prefix_is_not_computed_again_and_gives_the_same_tokens() {
+        let pt = 4;
+        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 4, max_context: 256, pages_per_seq: 64 }, BlockManager::new(64, pt));
+        let mut fake = Fake { kv: vec![None; 64 * pt] };
+        let system: Vec<u32> = (0..22).map(|t| 500 + t).collect();
+        let run = |s: &mut Scheduler, fake: &mut Fake, prompt: Vec<u32>| -> (Vec<u32>, usize) {
+            let id = s.add(prompt, SamplingParams { max_tokens: 5, ..Default::default() }).unwrap();
+            let mut out = vec![];
+            let mut first_n = None;
+            while s.has_work() {
+                let st = s.schedule(no_pad).unwrap();
+                first_n.get_or_insert(st.seqs[0].n);
+                let sampled = fake.run(&st, pt);
+                out.extend(s.commit(&st, &sampled).into_iter().filter(|o| o.id == id).map(|o| o.token));
+                s.check_invariants();
+            }
+            (out, first_n.unwrap())
+        };
+        let a: Vec<u32> = system.iter().copied().chain([1, 2, 3]).collect();
+        let (out_a, n_a) = run(&mut s, &mut fake, a.clone());
+        assert_eq!((out_a.clone(), n_a), (reference(&a, 5), 25), "cold: the whole prompt");
+        let b: Vec<u32> = system.iter().copied().chain([7, 8]).collect();
+        let (out_b, n_b) = run(&mut s, &mut fake, b.clone());
+        assert_eq!(out_b, reference(&b, 5));
+        assert_eq!(n_b, 24 - 20, "5 full pages of the 22-token system prompt hit: 20 tokens");
+        assert_eq!(s.cache_stats().hits, 20);
+        // The same prompt again: everything but the last page's worth is cached, and at least
+        // the last token is computed.
+        let (out_a2, n_a2) = run(&mut s, &mut fake, a.clone());
+        assert_eq!(out_a2, out_a);
+        assert_eq!(n_a2, 25 - 24, "the last token only");
+        assert_eq!(s.free_pages(), 64);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Shared prefixes, small pools, aborts and preemption with the prefix cache on: every
+        /// finished sequence gets exactly its reference tokens (cached pages hold what a
+        /// recomputation would write), counts return to zero, the pool's lists stay consistent.
+        #[test]
+        fn prefix_sharing_under_pressure_keeps_outputs_exact(
+            pages in 6usize..30,
+            chunk in 1usize..24,
+            reqs in proptest::collection::vec((0usize..3, 0usize..9, 1usize..8, proptest::option::of(0usize..40)), 1..14),
+        ) {
+            let pt = 4;
+            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs: 4, max_context: 64, pages_per_seq: 16 }, BlockManager::new(pages, pt));
+            let mut fake = Fake { kv: vec![None; pages * pt] };
+            let prefixes: [Vec<u32>; 3] = [(0..13).collect(), (0..9).map(|t| 100 + t).collect(), (0..4).collect()];
+            let mut live = vec![];
+            for (k, (pre, extra, max_tokens, abort_at)) in reqs.into_iter().enumerate() {
+                let prompt: Vec<u32> = prefixes[pre].iter().copied().chain((0..extra as u32).map(|t| 1000 + t + k as u32)).collect();
+                match s.add(prompt.clone(), SamplingParams { max_tokens, ..Default::default() }) {
+                    Ok(id) => live.push((id, prompt, max_tokens, abort_at, vec![], false)),
+                    Err(AddError::PoolTooSmall { .. }) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            let mut step_no = 0;
+            while s.has_work() {
+                for l in live.iter_mut() {
+                    if l.3 == Some(step_no) && !l.5 {
+                        s.abort(l.0);
+                        l.5 = true;
+                    }
+                }
+                if !s.has_work() { break; }
+                let st = s.schedule(no_pad).expect("progress");
+                let sampled = fake.run(&st, pt);
+                for o in s.commit(&st, &sampled) {
+                    live.iter_mut().find(|l| l.0 == o.id).unwrap().4.push(o.token);
+                }
+                s.check_invariants();
+                step_no += 1;
+                proptest::prop_assert!(step_no < 5000, "no progress");
+            }
+            for (_, prompt, max_tokens, _, got, aborted) in &live {
+                let want = reference(prompt, *max_tokens);
+                if *aborted { proptest::prop_assert!(want.starts_with(got)); } else { proptest::prop_assert_eq!(got, &want); }
             }
             proptest::prop_assert_eq!(s.free_pages(), pages);
         }

@@ -115,6 +115,7 @@ struct Choice {
     logprobs: Vec<TokenLogprob>,
     finish: Option<(FinishReason, Option<StopReason>)>,
     prompt_tokens: usize,
+    cached_tokens: usize,
 }
 
 fn stop_reason(r: &Option<StopReason>) -> Value {
@@ -171,9 +172,10 @@ async fn collect(mut h: RequestHandle) -> ApiResult<Choice> {
                 c.ids.extend(&tokens);
                 c.logprobs.extend(logprobs);
             }
-            Some(Event::Finished { reason, stop_reason, prompt_tokens, completion_tokens }) => {
+            Some(Event::Finished { reason, stop_reason, prompt_tokens, completion_tokens, cached_tokens }) => {
                 c.finish = Some((reason, stop_reason));
                 c.prompt_tokens = prompt_tokens;
+                c.cached_tokens = cached_tokens;
                 debug_assert_eq!(c.tokens, completion_tokens);
                 return Ok(c);
             }
@@ -183,8 +185,9 @@ async fn collect(mut h: RequestHandle) -> ApiResult<Choice> {
     }
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+/// OpenAI's usage object; `cached` prompt tokens came from the prefix cache.
+fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion, "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 /// Which response format a choice's logprobs take.
@@ -262,6 +265,7 @@ fn sse(state: AppState, job: Job, api: Api, rid: String, model: String, created:
             SseEvent::default().data(j.to_string())
         };
         let mut completion = vec![0usize; n_choices];
+        let mut cached = 0usize;
         let mut offsets = vec![0usize; n_choices];
         for (i, e) in echo.iter().enumerate() {
             if !e.is_empty() {
@@ -276,7 +280,7 @@ fn sse(state: AppState, job: Job, api: Api, rid: String, model: String, created:
         }
         let mut merged = stream::select_all(per);
         while let Some((i, e)) = merged.next().await {
-            let cont = |done: &[usize]| continuous.then(|| usage(prompt_tokens, done.iter().sum()));
+            let cont = |done: &[usize], cached: usize| continuous.then(|| usage(prompt_tokens, done.iter().sum(), cached));
             match e {
                 Some(Event::Output { text, tokens, logprobs: lps, .. }) => {
                     completion[i] += tokens.len();
@@ -293,15 +297,16 @@ fn sse(state: AppState, job: Job, api: Api, rid: String, model: String, created:
                     if token_ids {
                         choice["token_ids"] = json!(tokens);
                     }
-                    yield Ok(chunk(choice, cont(&completion)));
+                    yield Ok(chunk(choice, cont(&completion, cached)));
                 }
-                Some(Event::Finished { reason, stop_reason: sr, .. }) => {
+                Some(Event::Finished { reason, stop_reason: sr, cached_tokens, .. }) => {
+                    cached += cached_tokens;
                     let choice = if api == Api::Chat {
                         json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": reason.as_str(), "stop_reason": stop_reason(&sr)})
                     } else {
                         json!({"index": i, "text": "", "logprobs": null, "finish_reason": reason.as_str(), "stop_reason": stop_reason(&sr)})
                     };
-                    yield Ok(chunk(choice, cont(&completion)));
+                    yield Ok(chunk(choice, cont(&completion, cached)));
                 }
                 Some(Event::Failed(msg)) => {
                     yield Ok(SseEvent::default().data(ApiError::internal(msg).body().to_string()));
@@ -316,7 +321,7 @@ fn sse(state: AppState, job: Job, api: Api, rid: String, model: String, created:
             }
         }
         if include_usage {
-            let j = json!({"id": rid, "object": object, "created": created, "model": model, "choices": [], "usage": usage(prompt_tokens, completion.iter().sum())});
+            let j = json!({"id": rid, "object": object, "created": created, "model": model, "choices": [], "usage": usage(prompt_tokens, completion.iter().sum(), cached)});
             yield Ok(SseEvent::default().data(j.to_string()));
         }
         yield Ok(SseEvent::default().data("[DONE]"));
@@ -363,7 +368,7 @@ pub async fn completions(AxState(state): AxState<AppState>, body: Bytes) -> ApiR
         // echo only: the prompts back, nothing generated.
         let choices: Vec<Value> = echo_text.iter().enumerate().map(|(i, t)| json!({"index": i, "text": t, "logprobs": null, "finish_reason": "length", "stop_reason": null})).collect();
         let pt: usize = ids.iter().map(Vec::len).sum();
-        return Ok(Json(json!({"id": rid, "object": "text_completion", "created": s.created, "model": model, "choices": choices, "usage": usage(pt, 0)})).into_response());
+        return Ok(Json(json!({"id": rid, "object": "text_completion", "created": s.created, "model": model, "choices": choices, "usage": usage(pt, 0, 0)})).into_response());
     }
     let job = submit(s, &ids, &c, &|_| max_tokens, logprobs, arrival)?;
     let created = unix_now();
@@ -373,10 +378,11 @@ pub async fn completions(AxState(state): AxState<AppState>, body: Bytes) -> ApiR
     let prompt_tokens = job.prompt_tokens;
     let results = futures_util::future::join_all(job.handles.into_iter().map(collect)).await;
     let mut choices = Vec::new();
-    let mut completion = 0;
+    let (mut completion, mut cached) = (0, 0);
     for (i, r) in results.into_iter().enumerate() {
         let ch = r?;
         completion += ch.tokens;
+        cached += ch.cached_tokens;
         let (reason, sr) = ch.finish.clone().unwrap_or((FinishReason::Abort, None));
         let text = format!("{}{}", echo_text[i], ch.text);
         let lpv = if logprobs.is_some() { completion_logprobs(s, &ch.logprobs, 0) } else { Value::Null };
@@ -386,7 +392,7 @@ pub async fn completions(AxState(state): AxState<AppState>, body: Bytes) -> ApiR
         }
         choices.push(choice);
     }
-    Ok(Json(json!({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices, "usage": usage(prompt_tokens, completion)})).into_response())
+    Ok(Json(json!({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices, "usage": usage(prompt_tokens, completion, cached)})).into_response())
 }
 
 fn unix_now() -> u64 {
@@ -474,10 +480,11 @@ pub async fn chat(AxState(state): AxState<AppState>, body: Bytes) -> ApiResult<R
     let prompt_tokens = job.prompt_tokens;
     let results = futures_util::future::join_all(job.handles.into_iter().map(collect)).await;
     let mut choices = Vec::new();
-    let mut completion = 0;
+    let (mut completion, mut cached) = (0, 0);
     for (i, r) in results.into_iter().enumerate() {
         let ch = r?;
         completion += ch.tokens;
+        cached += ch.cached_tokens;
         let (reason, sr) = ch.finish.clone().unwrap_or((FinishReason::Abort, None));
         let lpv = if logprobs.is_some() { chat_logprobs(s, &ch.logprobs) } else { Value::Null };
         let mut choice = json!({"index": i, "message": {"role": "assistant", "content": ch.text, "tool_calls": []}, "logprobs": lpv, "finish_reason": reason.as_str(), "stop_reason": stop_reason(&sr)});
@@ -486,7 +493,7 @@ pub async fn chat(AxState(state): AxState<AppState>, body: Bytes) -> ApiResult<R
         }
         choices.push(choice);
     }
-    Ok(Json(json!({"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices, "usage": usage(prompt_tokens, completion)})).into_response())
+    Ok(Json(json!({"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices, "usage": usage(prompt_tokens, completion, cached)})).into_response())
 }
 
 pub async fn tokenize(AxState(state): AxState<AppState>, body: Bytes) -> ApiResult<Json<Value>> {

@@ -143,7 +143,7 @@ async fn endpoints_answer_in_openai_shapes() {
     assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
     assert_eq!(v["choices"][0]["text"], reference_text(&prompt, 12));
     assert_eq!(v["choices"][0]["finish_reason"], "length");
-    assert_eq!(v["usage"], json!({"prompt_tokens": 20, "completion_tokens": 12, "total_tokens": 32}));
+    assert_eq!(v["usage"], json!({"prompt_tokens": 20, "completion_tokens": 12, "total_tokens": 32, "prompt_tokens_details": {"cached_tokens": 0}}));
     let (_, t) = s.post("/v1/completions", json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": true, "return_token_ids": true})).await;
     assert_eq!(t["choices"][0]["token_ids"], json!(FakeModel::reference(&hash_rule(VOCAB), &prompt, 12)));
     let (events, _) = s.stream("/v1/completions", json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": true, "return_token_ids": true, "stream": true})).await;

@@ -56,6 +56,9 @@ pub struct Args {
     /// Prefill chunk: most new tokens per step (default: the manifest's `tokens` max).
     #[arg(long)]
     chunk: Option<usize>,
+    /// Do not reuse the KV pages of prompt prefixes the prompts share.
+    #[arg(long)]
+    no_prefix_cache: bool,
     /// Run decode steps eagerly instead of replaying CUDA graphs.
     #[arg(long)]
     no_graph: bool,
@@ -119,6 +122,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let cfg = EngineConfig {
         max_batched_tokens: args.chunk,
         eos: tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),
+        prefix_cache: !args.no_prefix_cache,
         ..Default::default()
     };
     let engine = Engine::start(cfg, tokenizer.clone(), loader(dir.clone(), opts, report.clone()));
@@ -151,6 +155,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let mut outputs: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
     let mut logits: Vec<Vec<f32>> = vec![Vec::new(); prompts.len()];
     let mut finish: Vec<Option<FinishReason>> = vec![None; prompts.len()];
+    let mut cached = 0usize;
     let mut text: Vec<String> = vec![String::new(); prompts.len()];
     for (i, h) in handles.iter_mut().enumerate() {
         loop {
@@ -164,8 +169,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
                     }
                     text[i].push_str(&t);
                 }
-                Some(Event::Finished { reason, .. }) => {
+                Some(Event::Finished { reason, cached_tokens, .. }) => {
                     finish[i] = Some(reason);
+                    cached += cached_tokens;
                     break;
                 }
                 Some(Event::Failed(e)) => bail!("prompt {i}: {e}"),
@@ -187,7 +193,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let ph = engine.phases();
     let rate = |p: &kern_engine::Phase| if p.secs > 0.0 { p.tokens as f64 / p.secs } else { 0.0 };
     eprintln!(
-        "load {load_secs:.2} s | prefill {} tokens in {} steps, {:.0} tok/s | decode {} tokens in {} steps, {:.1} tok/s ({:.2} ms/step){}",
+        "load {load_secs:.2} s | prefix cache {cached} of {} prompt tokens | prefill {} tokens in {} steps, {:.0} tok/s | decode {} tokens in {} steps, {:.1} tok/s ({:.2} ms/step){}",
+        prompts.iter().map(Vec::len).sum::<usize>(),
         ph.prefill.tokens,
         ph.prefill.steps,
         rate(&ph.prefill),

@@ -50,6 +50,9 @@ pub struct Args {
     /// Most logprob alternatives per token a request may ask for.
     #[arg(long, default_value_t = 20)]
     max_logprobs: usize,
+    /// Do not reuse the KV pages of prompt prefixes computed before.
+    #[arg(long)]
+    no_prefix_cache: bool,
     /// A Jinja chat template file, instead of the tokenizer's.
     #[arg(long)]
     chat_template: Option<PathBuf>,
@@ -130,6 +133,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_batched_tokens: args.max_batched_tokens,
         max_queue: args.max_queue,
         eos: tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),
+        prefix_cache: !args.no_prefix_cache,
     };
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
