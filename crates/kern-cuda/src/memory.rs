@@ -353,6 +353,46 @@ impl PinnedBuffer {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Queues a copy of `len` bytes from device address `src` into bytes `offset..offset + len`
+    /// of this buffer on `stream` (a truly asynchronous DMA: this memory is pinned).
+    ///
+    /// # Safety
+    /// `src..src + len` must lie in a live device allocation of the stream's context, and this
+    /// buffer's range must not be read, written or freed until the copy has completed
+    /// (synchronize the stream or an event recorded after it).
+    pub unsafe fn copy_from_device_async(&mut self, offset: usize, src: u64, len: usize, stream: &Stream) -> Result<()> {
+        check_range("copy_from_device_async", offset, len, self.len)?;
+        self.ctx.ensure_same(stream.context(), "stream")?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        // SAFETY: host range checked; the caller guarantees the device range and lifetimes.
+        check("cuMemcpyDtoHAsync_v2", unsafe {
+            sys::cuMemcpyDtoHAsync_v2(self.ptr.add(offset).cast(), src, len, stream.as_raw())
+        })
+    }
+
+    /// Queues a copy of bytes `offset..offset + len` of this buffer to device address `dst` on
+    /// `stream`.
+    ///
+    /// # Safety
+    /// `dst..dst + len` must lie in a live device allocation of the stream's context that
+    /// nothing else writes meanwhile, and this buffer's range must not be written or freed until
+    /// the copy has completed.
+    pub unsafe fn copy_to_device_async(&self, offset: usize, dst: u64, len: usize, stream: &Stream) -> Result<()> {
+        check_range("copy_to_device_async", offset, len, self.len)?;
+        self.ctx.ensure_same(stream.context(), "stream")?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        // SAFETY: host range checked; the caller guarantees the device range and lifetimes.
+        check("cuMemcpyHtoDAsync_v2", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, self.ptr.add(offset).cast(), len, stream.as_raw())
+        })
+    }
 }
 
 impl Drop for PinnedBuffer {

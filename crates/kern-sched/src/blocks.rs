@@ -15,6 +15,15 @@
 //!
 //! Page lifecycle: allocate → written by a step → (full) cached → in use by more sequences →
 //! freed (LRU, contents kept) → hit again (back in use) or evicted by an allocation.
+//!
+//! **Host tier** (optional, [`BlockManager::with_host_tier`]): every page that becomes cached is
+//! also written through to a host slot (a *store*, `(gpu page, host slot)`, which the engine
+//! copies asynchronously after the step that computed the page); host slots have their own LRU
+//! and keep their hashes. A lookup that runs out of GPU hits goes on in the host tier: each host
+//! hit takes a fresh GPU page and becomes a *restore* `(host slot, gpu page)`, copied before the
+//! next step, and the page is cached on the GPU again. So a prefix evicted from the GPU comes
+//! back by copy instead of recompute, and a preempted sequence finds its full pages in one tier
+//! or the other when it resumes (only its last, partial page is computed again).
 
 use std::collections::HashMap;
 
@@ -68,6 +77,108 @@ pub struct CacheStats {
     pub hits: u64,
     /// Cached pages whose hash was dropped because the page was reused.
     pub evictions: u64,
+    /// Prompt tokens found in the host tier (a subset of `hits`).
+    pub host_hits: u64,
+    /// Pages copied to the host tier.
+    pub stored: u64,
+    /// Pages copied back from the host tier.
+    pub restored: u64,
+}
+
+/// A host slot's prefix.
+#[derive(Debug, Clone)]
+struct HostEntry {
+    hash: PageHash,
+    parent: Option<PageHash>,
+    tokens: Vec<u32>,
+}
+
+/// The host tier: slots of pinned host memory (owned by the model), with their own LRU.
+#[derive(Debug, Clone)]
+struct HostTier {
+    entries: Vec<Option<HostEntry>>,
+    by_hash: HashMap<PageHash, u32>,
+    lru: Lru,
+}
+
+/// A doubly linked list of ids (`head` first out), with O(1) unlink.
+#[derive(Debug, Clone)]
+struct Lru {
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    on: Vec<bool>,
+    head: u32,
+    tail: u32,
+    len: usize,
+}
+
+impl Lru {
+    fn new(n: usize) -> Lru {
+        Lru { prev: vec![NIL; n], next: vec![NIL; n], on: vec![false; n], head: NIL, tail: NIL, len: 0 }
+    }
+    fn unlink(&mut self, p: u32) {
+        debug_assert!(self.on[p as usize]);
+        let (pr, nx) = (self.prev[p as usize], self.next[p as usize]);
+        if pr == NIL { self.head = nx } else { self.next[pr as usize] = nx }
+        if nx == NIL { self.tail = pr } else { self.prev[nx as usize] = pr }
+        self.prev[p as usize] = NIL;
+        self.next[p as usize] = NIL;
+        self.on[p as usize] = false;
+        self.len -= 1;
+    }
+    fn push_back(&mut self, p: u32) {
+        self.prev[p as usize] = self.tail;
+        self.next[p as usize] = NIL;
+        if self.tail == NIL { self.head = p } else { self.next[self.tail as usize] = p }
+        self.tail = p;
+        self.on[p as usize] = true;
+        self.len += 1;
+    }
+    fn push_front(&mut self, p: u32) {
+        self.next[p as usize] = self.head;
+        self.prev[p as usize] = NIL;
+        if self.head == NIL { self.tail = p } else { self.prev[self.head as usize] = p }
+        self.head = p;
+        self.on[p as usize] = true;
+        self.len += 1;
+    }
+    fn pop_front(&mut self) -> Option<u32> {
+        let p = self.head;
+        if p == NIL {
+            return None;
+        }
+        self.unlink(p);
+        Some(p)
+    }
+    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        let mut p = self.head;
+        std::iter::from_fn(move || {
+            if p == NIL {
+                return None;
+            }
+            let q = p;
+            p = self.next[p as usize];
+            Some(q)
+        })
+    }
+    /// Checks the links; returns the members in order.
+    fn check(&self, what: &str) -> Vec<u32> {
+        let mut out = vec![];
+        let mut last = NIL;
+        let mut p = self.head;
+        while p != NIL {
+            assert!(self.on[p as usize], "{what}: {p} linked but not marked");
+            assert_eq!(self.prev[p as usize], last, "{what}: links broken at {p}");
+            assert!(out.len() < self.on.len(), "{what}: a cycle");
+            out.push(p);
+            last = p;
+            p = self.next[p as usize];
+        }
+        assert_eq!(self.tail, last, "{what}: tail");
+        assert_eq!(out.len(), self.len, "{what}: length");
+        assert_eq!(self.on.iter().filter(|&&o| o).count(), self.len, "{what}: marks");
+        out
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -77,14 +188,13 @@ pub struct BlockManager {
     refs: Vec<u32>,
     cached: Vec<Option<Cached>>,
     by_hash: HashMap<PageHash, u32>,
-    /// The free list, a doubly linked list through `prev` / `next` (`head` is allocated first).
-    prev: Vec<u32>,
-    next: Vec<u32>,
-    head: u32,
-    tail: u32,
-    free: usize,
+    /// The free pages (`head` is allocated first).
+    free: Lru,
     caching: bool,
     stats: CacheStats,
+    host: Option<HostTier>,
+    stores: Vec<(u32, u32)>,
+    restores: Vec<(u32, u32)>,
 }
 
 impl BlockManager {
@@ -98,19 +208,46 @@ impl BlockManager {
             refs: vec![0; total_pages],
             cached: vec![None; total_pages],
             by_hash: HashMap::new(),
-            prev: vec![NIL; total_pages],
-            next: vec![NIL; total_pages],
-            head: NIL,
-            tail: NIL,
-            free: 0,
+            free: Lru::new(total_pages),
             caching: true,
             stats: CacheStats::default(),
+            host: None,
+            stores: Vec::new(),
+            restores: Vec::new(),
         };
         // Lowest ids handed out first.
         for p in 0..total_pages as u32 {
-            b.push_back(p);
+            b.free.push_back(p);
         }
         b
+    }
+
+    /// Adds a host tier of `slots` pages (0: none). Needs the prefix cache.
+    pub fn with_host_tier(mut self, slots: usize) -> Self {
+        assert!(slots < NIL as usize, "too many host slots");
+        self.host = (slots > 0).then(|| {
+            let mut lru = Lru::new(slots);
+            for h in 0..slots as u32 {
+                lru.push_back(h);
+            }
+            HostTier { entries: vec![None; slots], by_hash: HashMap::new(), lru }
+        });
+        self
+    }
+
+    /// Host slots (0 without a host tier).
+    pub fn host_slots(&self) -> usize {
+        self.host.as_ref().map_or(0, |h| h.entries.len())
+    }
+
+    /// Copies to make after the step that computed these pages: `(gpu page, host slot)`.
+    pub fn take_stores(&mut self) -> Vec<(u32, u32)> {
+        std::mem::take(&mut self.stores)
+    }
+
+    /// Copies to make before the next step: `(host slot, gpu page)`.
+    pub fn take_restores(&mut self) -> Vec<(u32, u32)> {
+        std::mem::take(&mut self.restores)
     }
 
     /// Turns the prefix cache on or off (off: no page is ever cached or looked up).
@@ -128,7 +265,7 @@ impl BlockManager {
     }
     /// Pages that can be allocated (free, cached or not).
     pub fn free_pages(&self) -> usize {
-        self.free
+        self.free.len
     }
     pub fn total_pages(&self) -> usize {
         self.total
@@ -146,47 +283,12 @@ impl BlockManager {
 
     /// The free pages, next to be allocated first.
     pub fn free_list(&self) -> Vec<u32> {
-        let mut out = Vec::with_capacity(self.free);
-        let mut p = self.head;
-        while p != NIL {
-            out.push(p);
-            p = self.next[p as usize];
-        }
-        out
-    }
-
-    fn unlink(&mut self, p: u32) {
-        let (pr, nx) = (self.prev[p as usize], self.next[p as usize]);
-        if pr == NIL { self.head = nx } else { self.next[pr as usize] = nx }
-        if nx == NIL { self.tail = pr } else { self.prev[nx as usize] = pr }
-        self.prev[p as usize] = NIL;
-        self.next[p as usize] = NIL;
-        self.free -= 1;
-    }
-
-    fn push_back(&mut self, p: u32) {
-        self.prev[p as usize] = self.tail;
-        self.next[p as usize] = NIL;
-        if self.tail == NIL { self.head = p } else { self.next[self.tail as usize] = p }
-        self.tail = p;
-        self.free += 1;
-    }
-
-    fn push_front(&mut self, p: u32) {
-        self.next[p as usize] = self.head;
-        self.prev[p as usize] = NIL;
-        if self.head == NIL { self.tail = p } else { self.prev[self.head as usize] = p }
-        self.head = p;
-        self.free += 1;
+        self.free.iter().collect()
     }
 
     /// Takes the least recently freed page; a cached page loses its hash (evicted).
     fn allocate(&mut self) -> Option<u32> {
-        let p = self.head;
-        if p == NIL {
-            return None;
-        }
-        self.unlink(p);
+        let p = self.free.pop_front()?;
         if let Some(c) = self.cached[p as usize].take() {
             self.by_hash.remove(&c.hash);
             self.stats.evictions += 1;
@@ -207,8 +309,8 @@ impl BlockManager {
             return Ok(());
         }
         let needed = want - pages.len();
-        if needed > self.free {
-            return Err(PageError::Exhausted { needed, free: self.free, total: self.total, page_tokens: self.page_tokens });
+        if needed > self.free.len {
+            return Err(PageError::Exhausted { needed, free: self.free.len, total: self.total, page_tokens: self.page_tokens });
         }
         for _ in 0..needed {
             pages.push(self.allocate().expect("checked free pages"));
@@ -226,9 +328,9 @@ impl BlockManager {
             *r = r.saturating_sub(1);
             if *r == 0 {
                 if self.cached[p as usize].is_some() {
-                    self.push_back(p);
+                    self.free.push_back(p);
                 } else {
-                    self.push_front(p);
+                    self.free.push_front(p);
                 }
             }
         }
@@ -252,9 +354,31 @@ impl BlockManager {
                 break; // a collision: never reuse another prefix's page
             }
             if self.refs[p as usize] == 0 {
-                self.unlink(p);
+                self.free.unlink(p);
             }
             self.refs[p as usize] += 1;
+            pages.push(p);
+            hashes.push(h);
+            parent = Some((p, h));
+        }
+        // Then the host tier: each hit takes a fresh GPU page and is copied back into it.
+        let done = pages.len();
+        for chunk in tokens.chunks_exact(pt).take(max_pages).skip(done) {
+            let Some(host) = self.host.as_mut() else { break };
+            let h = page_hash(parent.map(|p| p.1), chunk);
+            let Some(&slot) = host.by_hash.get(&h) else { break };
+            let e = host.entries[slot as usize].as_ref().expect("a hashed slot is filled");
+            if e.tokens != chunk || e.parent != parent.map(|x| x.1) || self.by_hash.contains_key(&h) {
+                break;
+            }
+            host.lru.unlink(slot);
+            host.lru.push_back(slot);
+            let Some(p) = self.allocate() else { break };
+            self.by_hash.insert(h, p);
+            self.cached[p as usize] = Some(Cached { hash: h, parent: parent.map(|x| x.0), tokens: chunk.to_vec() });
+            self.restores.push((slot, p));
+            self.stats.restored += 1;
+            self.stats.host_hits += pt as u64;
             pages.push(p);
             hashes.push(h);
             parent = Some((p, h));
@@ -286,27 +410,39 @@ impl BlockManager {
         }
         self.by_hash.insert(hash, page);
         self.cached[page as usize] = Some(Cached { hash, parent: parent.map(|p| p.0), tokens: tokens.to_vec() });
+        // Write through to the host tier (the least recently used slot makes room).
+        if let Some(host) = self.host.as_mut() {
+            match host.by_hash.get(&hash) {
+                Some(&slot) => {
+                    host.lru.unlink(slot);
+                    host.lru.push_back(slot);
+                }
+                None => {
+                    let slot = host.lru.pop_front().expect("host slots exist");
+                    if let Some(old) = host.entries[slot as usize].take() {
+                        host.by_hash.remove(&old.hash);
+                    }
+                    host.entries[slot as usize] = Some(HostEntry { hash, parent: parent.map(|p| p.1), tokens: tokens.to_vec() });
+                    host.by_hash.insert(hash, slot);
+                    host.lru.push_back(slot);
+                    self.stores.push((page, slot));
+                    self.stats.stored += 1;
+                }
+            }
+        }
         (page, hash)
     }
 
     /// Checks the pool's accounting: each page is free exactly once or referenced, the free
     /// count matches, and the hash table and page metadata agree. Panics naming the broken rule.
     pub fn check(&self) {
+        let free = self.free.check("free list");
         let mut on_list = vec![false; self.total];
-        let mut n = 0;
-        let mut p = self.head;
-        let mut last = NIL;
-        while p != NIL {
+        for &p in &free {
             assert!(!on_list[p as usize], "page {p} is on the free list twice");
             on_list[p as usize] = true;
-            assert_eq!(self.prev[p as usize], last, "free list links broken at page {p}");
             assert_eq!(self.refs[p as usize], 0, "page {p} is free but referenced");
-            last = p;
-            p = self.next[p as usize];
-            n += 1;
         }
-        assert_eq!(self.tail, last, "free list tail");
-        assert_eq!(n, self.free, "free count");
         for (i, &r) in self.refs.iter().enumerate() {
             assert!(r > 0 || on_list[i], "page {i} is neither free nor referenced (leaked)");
         }
@@ -314,6 +450,14 @@ impl BlockManager {
             assert_eq!(self.cached[p as usize].as_ref().map(|c| c.hash), Some(h), "hash table and page {p} disagree");
         }
         assert_eq!(self.cached.iter().filter(|c| c.is_some()).count(), self.by_hash.len(), "cached pages without a table entry");
+        if let Some(host) = &self.host {
+            let order = host.lru.check("host LRU");
+            assert_eq!(order.len(), host.entries.len(), "every host slot is on the host LRU");
+            for (&h, &slot) in &host.by_hash {
+                assert_eq!(host.entries[slot as usize].as_ref().map(|e| e.hash), Some(h), "host table and slot {slot} disagree");
+            }
+            assert_eq!(host.entries.iter().filter(|e| e.is_some()).count(), host.by_hash.len(), "host slots without a table entry");
+        }
     }
 }
 
@@ -389,5 +533,33 @@ mod tests {
         b.release(&mut a);
         assert!(b.lookup(&[1, 2, 3], 9).0.is_empty());
         assert_eq!(b.cached_pages(), 0);
+    }
+
+    #[test]
+    fn the_host_tier_takes_evicted_prefixes_back() {
+        let mut b = BlockManager::new(2, 2).with_host_tier(3);
+        let mut a = Vec::new();
+        b.ensure(&mut a, 4).unwrap();
+        let c0 = b.register(a[0], None, &[1, 2]);
+        b.register(a[1], Some(c0), &[3, 4]);
+        assert_eq!(b.take_stores(), vec![(0, 0), (1, 1)], "written through at registration");
+        b.release(&mut a);
+        // Another sequence takes both GPU pages: the prefix survives on the host only.
+        let mut other = Vec::new();
+        b.ensure(&mut other, 4).unwrap();
+        assert_eq!(b.cached_pages(), 0);
+        b.release(&mut other);
+        let (hit, _) = b.lookup(&[1, 2, 3, 4, 5], 9);
+        assert_eq!(hit.len(), 2, "both pages come back from the host");
+        assert_eq!(b.take_restores(), vec![(0, hit[0]), (1, hit[1])]);
+        assert_eq!((b.stats().host_hits, b.stats().restored), (4, 2));
+        assert_eq!(b.cached_pages(), 2, "cached on the GPU again");
+        assert!(b.take_stores().is_empty(), "restored pages are already on the host");
+        b.check();
+        // A different second page: the host walk stops at the mismatch.
+        b.release(&mut hit.clone());
+        let (hit, _) = b.lookup(&[1, 2, 3, 9], 9);
+        assert_eq!(hit.len(), 1);
+        b.check();
     }
 }

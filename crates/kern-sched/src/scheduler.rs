@@ -414,6 +414,16 @@ impl Scheduler {
         }
     }
 
+    /// Page copies to the host tier to make after the step just committed: `(gpu page, host slot)`.
+    pub fn take_stores(&mut self) -> Vec<(u32, u32)> {
+        self.blocks.take_stores()
+    }
+
+    /// Page copies from the host tier to make before the step just scheduled: `(host slot, gpu page)`.
+    pub fn take_restores(&mut self) -> Vec<(u32, u32)> {
+        self.blocks.take_restores()
+    }
+
     /// Pages holding a cached prefix (in use or free).
     pub fn cached_pages(&self) -> usize {
         self.blocks.cached_pages()
@@ -723,12 +733,16 @@ mod tests {
         #[test]
         fn prefix_sharing_under_pressure_keeps_outputs_exact(
             pages in 6usize..30,
+            host_slots in proptest::option::of(1usize..12),
             chunk in 1usize..24,
             reqs in proptest::collection::vec((0usize..3, 0usize..9, 1usize..8, proptest::option::of(0usize..40)), 1..14),
         ) {
             let pt = 4;
-            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs: 4, max_context: 64, pages_per_seq: 16 }, BlockManager::new(pages, pt));
+            let blocks = BlockManager::new(pages, pt).with_host_tier(host_slots.unwrap_or(0));
+            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs: 4, max_context: 64, pages_per_seq: 16 }, blocks);
             let mut fake = Fake { kv: vec![None; pages * pt] };
+            // The host tier's memory, as the engine's model keeps it.
+            let mut host: Vec<Option<(u32, u32)>> = vec![None; host_slots.unwrap_or(0) * pt];
             let prefixes: [Vec<u32>; 3] = [(0..13).collect(), (0..9).map(|t| 100 + t).collect(), (0..4).collect()];
             let mut live = vec![];
             for (k, (pre, extra, max_tokens, abort_at)) in reqs.into_iter().enumerate() {
@@ -749,9 +763,19 @@ mod tests {
                 }
                 if !s.has_work() { break; }
                 let st = s.schedule(no_pad).expect("progress");
+                for (slot, page) in s.take_restores() {
+                    for k in 0..pt {
+                        fake.kv[page as usize * pt + k] = host[slot as usize * pt + k];
+                    }
+                }
                 let sampled = fake.run(&st, pt);
                 for o in s.commit(&st, &sampled) {
                     live.iter_mut().find(|l| l.0 == o.id).unwrap().4.push(o.token);
+                }
+                for (page, slot) in s.take_stores() {
+                    for k in 0..pt {
+                        host[slot as usize * pt + k] = fake.kv[page as usize * pt + k];
+                    }
                 }
                 s.check_invariants();
                 step_no += 1;
@@ -763,5 +787,45 @@ mod tests {
             }
             proptest::prop_assert_eq!(s.free_pages(), pages);
         }
+    }
+
+    #[test]
+    fn a_prefix_evicted_from_the_gpu_comes_back_from_the_host() {
+        let pt = 4;
+        // 8 GPU pages: a 6-page prompt, then another 6-page prompt evicts most of it.
+        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 1, max_context: 64, pages_per_seq: 16 }, BlockManager::new(8, pt).with_host_tier(32));
+        let mut fake = Fake { kv: vec![None; 8 * pt] };
+        let mut host = vec![None; 32 * pt];
+        let mut run = |s: &mut Scheduler, prompt: &[u32]| {
+            s.add(prompt.to_vec(), SamplingParams { max_tokens: 3, ..Default::default() }).unwrap();
+            let (mut out, mut computed) = (vec![], 0);
+            while s.has_work() {
+                let st = s.schedule(no_pad).unwrap();
+                for (slot, page) in s.take_restores() {
+                    for k in 0..pt {
+                        fake.kv[page as usize * pt + k] = host[slot as usize * pt + k];
+                    }
+                }
+                computed += st.real_tokens;
+                let sampled = fake.run(&st, pt);
+                out.extend(s.commit(&st, &sampled).into_iter().map(|o| o.token));
+                for (page, slot) in s.take_stores() {
+                    for k in 0..pt {
+                        host[slot as usize * pt + k] = fake.kv[page as usize * pt + k];
+                    }
+                }
+                s.check_invariants();
+            }
+            (out, computed)
+        };
+        let a: Vec<u32> = (0..25).collect();
+        let b: Vec<u32> = (100..125).collect();
+        let (out_a, n) = run(&mut s, &a);
+        assert_eq!((out_a.clone(), n), (reference(&a, 3), 25 + 2));
+        run(&mut s, &b);
+        let (again, n) = run(&mut s, &a);
+        assert_eq!(again, out_a, "the same tokens from restored pages");
+        assert_eq!(n, 1 + 2, "all 6 full pages restored: only the last token and the decodes computed");
+        assert!(s.cache_stats().host_hits >= 4 * pt as u64, "{:?}", s.cache_stats());
     }
 }
