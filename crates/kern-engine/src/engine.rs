@@ -42,11 +42,13 @@ pub struct EngineConfig {
     pub eos: Vec<u32>,
     /// Reuse the KV pages of prompt prefixes computed before (automatic prefix caching).
     pub prefix_cache: bool,
+    /// Host memory for the prefix cache's host tier, bytes (0: none).
+    pub offload_bytes: u64,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { max_seqs: None, max_batched_tokens: None, max_queue: 4096, eos: vec![], prefix_cache: true }
+        EngineConfig { max_seqs: None, max_batched_tokens: None, max_queue: 4096, eos: vec![], prefix_cache: true, offload_bytes: 0 }
     }
 }
 
@@ -392,11 +394,25 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
         return fail(inner, format!("warming up the model: {e}"));
     }
     let mi = model.info().clone();
+    let mut host_slots = 0;
+    if cfg.offload_bytes > 0 {
+        if !cfg.prefix_cache {
+            return fail(inner, "KV offload needs the prefix cache (it keeps cached pages in host memory): drop --no-prefix-cache".into());
+        }
+        let pb = model.page_bytes() as u64;
+        if pb == 0 {
+            return fail(inner, "this model cannot offload KV pages to host memory".into());
+        }
+        host_slots = (cfg.offload_bytes / pb) as usize;
+        if let Err(e) = model.init_host_tier(host_slots) {
+            return fail(inner, format!("allocating {} host slots for KV offload: {e}", host_slots));
+        }
+    }
     let max_seqs = cfg.max_seqs.unwrap_or(mi.max_step_seqs).clamp(1, mi.max_step_seqs.max(1));
     let chunk = cfg.max_batched_tokens.unwrap_or(mi.max_step_tokens).clamp(1, mi.max_step_tokens.max(1));
     let mut sched = Scheduler::new(
         SchedulerConfig { chunk, max_seqs, max_context: mi.max_context(), pages_per_seq: mi.pages_per_seq },
-        BlockManager::new(mi.total_pages, mi.page_tokens).with_prefix_cache(cfg.prefix_cache),
+        BlockManager::new(mi.total_pages, mi.page_tokens).with_prefix_cache(cfg.prefix_cache).with_host_tier(host_slots),
     );
     let m = &inner.metrics;
     m.kv_total_pages.set(mi.total_pages as i64);
@@ -527,6 +543,17 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
                 }
             }
         }
+        let restores = sched.take_restores();
+        if !restores.is_empty() {
+            if let Err(e) = model.restore_pages(&restores) {
+                let msg = format!("restoring KV pages from host memory: {e}");
+                for (_, lv) in live.drain() {
+                    inner.pending.fetch_sub(1, Ordering::Relaxed);
+                    lv.send(Event::Failed(msg.clone()));
+                }
+                return fail(inner, msg);
+            }
+        }
         let want_logits = step.seqs.iter().any(|ss| ss.samples && live.get(&ss.id).is_some_and(|lv| lv.host_sample || lv.req.logprobs.is_some() || lv.req.return_logits));
         // 3. The model.
         let out = match model.step(&step, want_logits) {
@@ -542,6 +569,14 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
         };
         m.steps.inc();
         m.iteration_tokens.observe(step.real_tokens as f64);
+        if !restores.is_empty() || m.restore_bytes.get() > 0 {
+            let (bytes, secs) = model.restore_timing();
+            m.restore_bytes.inc_by(bytes.saturating_sub(m.restore_bytes.get()));
+            let before = m.restore_secs.get();
+            if secs > before {
+                m.restore_secs.inc_by(secs - before);
+            }
+        }
         {
             let mut ps = inner.phases.lock().unwrap_or_else(|p| p.into_inner());
             let ph = if step.is_decode() { &mut ps.decode } else { &mut ps.prefill };
@@ -563,6 +598,17 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
         }
         // 4. Commit and stream.
         let outs = sched.commit(&step, &sampled);
+        let stores = sched.take_stores();
+        if !stores.is_empty() {
+            if let Err(e) = model.store_pages(&stores) {
+                let msg = format!("copying KV pages to host memory: {e}");
+                for (_, lv) in live.drain() {
+                    inner.pending.fetch_sub(1, Ordering::Relaxed);
+                    lv.send(Event::Failed(msg.clone()));
+                }
+                return fail(inner, msg);
+            }
+        }
         let now = Instant::now();
         for o in outs {
             let Some(lv) = live.get_mut(&o.id) else { continue };
@@ -623,6 +669,9 @@ fn publish(inner: &Inner, sched: &Scheduler) {
     let c = sched.cache_stats();
     m.prefix_queries.inc_by(c.queries.saturating_sub(m.prefix_queries.get()));
     m.prefix_hits.inc_by(c.hits.saturating_sub(m.prefix_hits.get()));
+    m.host_hits.inc_by(c.host_hits.saturating_sub(m.host_hits.get()));
+    m.stored_pages.inc_by(c.stored.saturating_sub(m.stored_pages.get()));
+    m.restored_pages.inc_by(c.restored.saturating_sub(m.restored_pages.get()));
     m.cached_pages.set(sched.cached_pages() as i64);
     m.running.set(sched.running() as i64);
     m.waiting.set(sched.waiting() as i64);

@@ -29,6 +29,8 @@ pub struct FakeModel {
     info: ModelInfo,
     rule: Rule,
     kv: Vec<Option<(u32, u32)>>,
+    /// The host tier's memory, slot-major like the pool.
+    host: Vec<Option<(u32, u32)>>,
     /// Sleep per step (to keep requests in flight while a test does something).
     pub step_delay: Duration,
     /// Fail this step (0-based) with a fault naming an op, like a GPU fault would.
@@ -39,7 +41,7 @@ pub struct FakeModel {
 impl FakeModel {
     pub fn new(info: ModelInfo, rule: Rule) -> FakeModel {
         let slots = info.total_pages * info.page_tokens;
-        FakeModel { info, rule, kv: vec![None; slots], step_delay: Duration::ZERO, fail_at_step: None, steps: 0 }
+        FakeModel { info, rule, kv: vec![None; slots], host: Vec::new(), step_delay: Duration::ZERO, fail_at_step: None, steps: 0 }
     }
 
     /// A small model: `vocab` ids, steps of 64 tokens × 8 sequences, 4-token pages.
@@ -82,6 +84,35 @@ impl Model for FakeModel {
         } else {
             (tokens, seqs)
         }
+    }
+
+    fn page_bytes(&self) -> usize {
+        self.info.page_tokens * 8
+    }
+
+    fn init_host_tier(&mut self, slots: usize) -> Result<(), ModelError> {
+        self.host = vec![None; slots * self.info.page_tokens];
+        Ok(())
+    }
+
+    fn store_pages(&mut self, pairs: &[(u32, u32)]) -> Result<(), ModelError> {
+        let pt = self.info.page_tokens;
+        for &(page, slot) in pairs {
+            for k in 0..pt {
+                self.host[slot as usize * pt + k] = self.kv[page as usize * pt + k];
+            }
+        }
+        Ok(())
+    }
+
+    fn restore_pages(&mut self, pairs: &[(u32, u32)]) -> Result<(), ModelError> {
+        let pt = self.info.page_tokens;
+        for &(slot, page) in pairs {
+            for k in 0..pt {
+                self.kv[page as usize * pt + k] = self.host[slot as usize * pt + k];
+            }
+        }
+        Ok(())
     }
 
     fn step(&mut self, st: &Step, want_logits: bool) -> Result<StepOutput, ModelError> {

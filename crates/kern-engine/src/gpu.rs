@@ -61,8 +61,30 @@ pub struct LoadReport {
     pub page_tokens: usize,
 }
 
+/// One per-token state pool as the host tier copies it.
+struct PagedPool {
+    base: u64,
+    page_bytes: usize,
+    host: Option<kern_cuda::PinnedBuffer>,
+}
+
+/// The host tier's copy machinery: a copy stream and what is still in flight.
+struct Offload {
+    copy: kern_cuda::Stream,
+    /// Recorded on the copy stream after the last batch of stores.
+    last_store: Option<kern_cuda::Event>,
+    /// GPU pages whose store may still be in flight.
+    pending: std::collections::HashSet<u32>,
+    /// Restores whose timing events have not been read yet: (start, end, bytes).
+    timing: Vec<(kern_cuda::Event, kern_cuda::Event, u64)>,
+    restored_bytes: u64,
+    restore_secs: f64,
+}
+
 pub struct GpuModel {
     rt: Runtime,
+    pools: Vec<PagedPool>,
+    offload: Option<Offload>,
     step: StepAbi,
     info: ModelInfo,
     graphs: bool,
@@ -126,9 +148,21 @@ impl GpuModel {
         };
         let nvars = m.vars.len();
         let rt = Runtime::new(&ctx, m, p).map_err(err)?;
+        let pools: Vec<PagedPool> = rt
+            .pools()
+            .enumerate()
+            .filter_map(|(i, (_, pool, _))| match pool {
+                StatePool::PerToken { bytes_per_token, page_tokens, .. } => Some(PagedPool {
+                    base: rt.state_ptr(kern_manifest::manifest::StateId(i)),
+                    page_bytes: (*bytes_per_token * u64::from(*page_tokens)) as usize,
+                    host: None,
+                }),
+                _ => None,
+            })
+            .collect();
         let weight_bytes = rt.load_weights(&ckpt, &mut progress).map_err(err)?;
         let report = LoadReport { device_name: props.name.clone(), weight_bytes, load_secs: t0.elapsed().as_secs_f64(), pages, page_tokens };
-        Ok(GpuModel { rt, step, info, graphs: opts.graphs, capture_at_start: opts.capture_at_start, nvars, report, _ctx: ctx })
+        Ok(GpuModel { rt, pools, offload: None, step, info, graphs: opts.graphs, capture_at_start: opts.capture_at_start, nvars, report, _ctx: ctx })
     }
 
     fn write(&self, b: BufferId, bytes: Vec<u8>) -> Result<(), ModelError> {
@@ -155,6 +189,28 @@ impl GpuModel {
         Ok(())
     }
 
+    /// Makes the compute stream wait for stores still in flight when this step writes one of
+    /// their pages (a GPU-side wait: the host does not block).
+    fn guard_pending_stores(&mut self, st: &Step) -> Result<(), ModelError> {
+        let Some(o) = self.offload.as_mut() else { return Ok(()) };
+        if o.pending.is_empty() {
+            return Ok(());
+        }
+        if o.last_store.as_ref().map_or(true, |e| e.is_complete().unwrap_or(false)) {
+            o.pending.clear();
+            return Ok(());
+        }
+        let pt = self.info.page_tokens as i32;
+        let hit = st.slot_mapping.iter().any(|&s| s >= 0 && o.pending.contains(&((s / pt) as u32)));
+        if hit {
+            if let Some(e) = &o.last_store {
+                self.rt.stream().wait_event(e).map_err(err)?;
+            }
+            o.pending.clear();
+        }
+        Ok(())
+    }
+
     fn bucket(&self, n: usize, max: usize) -> usize {
         kern_runtime::exec::bucket(n as i64, max as i64) as usize
     }
@@ -173,7 +229,85 @@ impl Model for GpuModel {
         }
     }
 
+    fn page_bytes(&self) -> usize {
+        self.pools.iter().map(|p| p.page_bytes).sum()
+    }
+
+    fn init_host_tier(&mut self, slots: usize) -> Result<(), ModelError> {
+        let ctx = self.rt.context().clone();
+        for p in &mut self.pools {
+            let bytes = slots.checked_mul(p.page_bytes).ok_or_else(|| err("host tier size overflows"))?;
+            p.host = Some(ctx.alloc_pinned(bytes).map_err(|e| err(format!("pinning {} of host memory: {e}", human(bytes as u64))))?);
+        }
+        self.offload = Some(Offload { copy: ctx.stream().map_err(err)?, last_store: None, pending: Default::default(), timing: Vec::new(), restored_bytes: 0, restore_secs: 0.0 });
+        Ok(())
+    }
+
+    fn store_pages(&mut self, pairs: &[(u32, u32)]) -> Result<(), ModelError> {
+        let Some(o) = self.offload.as_mut() else { return Ok(()) };
+        // The copies start once the step that computed the pages is done.
+        let computed = self.rt.context().event().map_err(err)?;
+        computed.record(self.rt.stream()).map_err(err)?;
+        o.copy.wait_event(&computed).map_err(err)?;
+        for (gpu, host, n) in runs(pairs) {
+            for p in &mut self.pools {
+                let len = n * p.page_bytes;
+                let buf = p.host.as_mut().expect("host tier initialized");
+                // SAFETY: the GPU range lies in the state pool (page < total pages); the pinned
+                // buffer is owned by this model and outlives the copy (Drop synchronizes).
+                unsafe { buf.copy_from_device_async(host as usize * p.page_bytes, p.base + gpu as u64 * p.page_bytes as u64, len, &o.copy) }.map_err(err)?;
+            }
+        }
+        let done = self.rt.context().event().map_err(err)?;
+        done.record(&o.copy).map_err(err)?;
+        o.last_store = Some(done);
+        o.pending.extend(pairs.iter().map(|p| p.0));
+        Ok(())
+    }
+
+    fn restore_pages(&mut self, pairs: &[(u32, u32)]) -> Result<(), ModelError> {
+        let Some(o) = self.offload.as_mut() else { return Ok(()) };
+        // A restored page may have been evicted with its store still in flight, and a host
+        // slot may be the target of one: wait for the stores first (on the GPU).
+        if let Some(e) = &o.last_store {
+            self.rt.stream().wait_event(e).map_err(err)?;
+        }
+        o.pending.clear();
+        let ctx = self.rt.context().clone();
+        let (start, end) = (kern_cuda::Event::new(&ctx, true).map_err(err)?, kern_cuda::Event::new(&ctx, true).map_err(err)?);
+        start.record(self.rt.stream()).map_err(err)?;
+        let bytes = pairs.len() as u64 * self.pools.iter().map(|p| p.page_bytes as u64).sum::<u64>();
+        for (host, gpu, n) in runs(pairs) {
+            for p in &self.pools {
+                let buf = p.host.as_ref().expect("host tier initialized");
+                // SAFETY: as in store_pages; queued on the compute stream, so it lands before
+                // the step that reads the page.
+                unsafe { buf.copy_to_device_async(host as usize * p.page_bytes, p.base + gpu as u64 * p.page_bytes as u64, n * p.page_bytes, self.rt.stream()) }.map_err(err)?;
+            }
+        }
+        end.record(self.rt.stream()).map_err(err)?;
+        o.timing.push((start, end, bytes));
+        Ok(())
+    }
+
+    fn restore_timing(&mut self) -> (u64, f64) {
+        let Some(o) = self.offload.as_mut() else { return (0, 0.0) };
+        let mut keep = Vec::new();
+        for (s, e, b) in o.timing.drain(..) {
+            match e.is_complete() {
+                Ok(true) => {
+                    o.restored_bytes += b;
+                    o.restore_secs += kern_cuda::Event::elapsed_ms(&s, &e).unwrap_or(0.0) as f64 / 1e3;
+                }
+                _ => keep.push((s, e, b)),
+            }
+        }
+        o.timing = keep;
+        (o.restored_bytes, o.restore_secs)
+    }
+
     fn step(&mut self, st: &Step, want_logits: bool) -> Result<StepOutput, ModelError> {
+        self.guard_pending_stores(st)?;
         self.upload(st)?;
         let mut vars = vec![1i64; self.nvars];
         vars[self.step.tokens.0] = st.tokens as i64;
@@ -212,5 +346,37 @@ impl Model for GpuModel {
             progress(i + 1, buckets.len());
         }
         Ok(())
+    }
+}
+
+/// Consecutive pairs `(a, b), (a + 1, b + 1), …` merged into `(a, b, count)`: one copy per run
+/// of pages contiguous on both sides.
+fn runs(pairs: &[(u32, u32)]) -> Vec<(u32, u32, usize)> {
+    let mut out: Vec<(u32, u32, usize)> = Vec::new();
+    for &(a, b) in pairs {
+        match out.last_mut() {
+            Some((x, y, n)) if *x as usize + *n == a as usize && *y as usize + *n == b as usize => *n += 1,
+            _ => out.push((a, b, 1)),
+        }
+    }
+    out
+}
+
+impl Drop for GpuModel {
+    fn drop(&mut self) {
+        // Pinned buffers must outlive the copies that use them.
+        if let Some(o) = &self.offload {
+            let _ = o.copy.synchronize();
+        }
+        let _ = self.rt.stream().synchronize();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn contiguous_pages_move_in_one_copy() {
+        assert_eq!(super::runs(&[(4, 10), (5, 11), (6, 12), (9, 13), (10, 14), (2, 0)]), vec![(4, 10, 3), (9, 13, 2), (2, 0, 1)]);
+        assert!(super::runs(&[]).is_empty());
     }
 }

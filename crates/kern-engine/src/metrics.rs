@@ -27,6 +27,11 @@ pub struct Metrics {
     pub prefix_queries: Counter,
     pub prefix_hits: Counter,
     pub cached_pages: Gauge,
+    pub host_hits: Counter,
+    pub stored_pages: Counter,
+    pub restored_pages: Counter,
+    pub restore_bytes: Counter,
+    pub restore_secs: Counter<f64, AtomicU64>,
     pub steps: Counter,
     pub success: Family<Labels, Counter>,
     pub ttft: Histogram,
@@ -59,6 +64,11 @@ impl Metrics {
             prefix_queries: Counter::default(),
             prefix_hits: Counter::default(),
             cached_pages: Gauge::default(),
+            host_hits: Counter::default(),
+            stored_pages: Counter::default(),
+            restored_pages: Counter::default(),
+            restore_bytes: Counter::default(),
+            restore_secs: Counter::default(),
             steps: Counter::default(),
             success: Family::default(),
             // 1 ms … ~2600 s
@@ -85,6 +95,11 @@ impl Metrics {
             r.register("kern:engine_steps", "Steps run", m.steps.clone());
             r.register("kern:prefix_cache_queries", "Prompt tokens looked up in the prefix cache", m.prefix_queries.clone());
             r.register("kern:prefix_cache_hits", "Prompt tokens found in the prefix cache (not computed)", m.prefix_hits.clone());
+            r.register("kern:external_prefix_cache_hits", "Prompt tokens found in the host tier (a subset of prefix_cache_hits)", m.host_hits.clone());
+            r.register("kern:kv_offload_stored_pages", "KV pages copied to host memory", m.stored_pages.clone());
+            r.register("kern:kv_offload_restored_pages", "KV pages copied back from host memory", m.restored_pages.clone());
+            r.register("kern:kv_offload_restored_bytes", "Bytes copied back from host memory", m.restore_bytes.clone());
+            r.register("kern:kv_offload_restore_seconds", "GPU time of the copies back from host memory", m.restore_secs.clone());
             r.register("kern:kv_cache_cached_pages", "KV pages holding a cached prefix (in use or free)", m.cached_pages.clone());
             r.register("kern:request_success", "Finished requests by finish reason", m.success.clone());
             r.register("kern:time_to_first_token_seconds", "Time from arrival to the first generated token", m.ttft.clone());

@@ -64,6 +64,34 @@ pub trait Model {
     /// Runs one step; `want_logits` asks for the last-position logits too.
     fn step(&mut self, step: &Step, want_logits: bool) -> Result<StepOutput, ModelError>;
 
+    /// Bytes of one KV page over all per-token states; 0 when the model cannot copy pages (no
+    /// host tier then).
+    fn page_bytes(&self) -> usize {
+        0
+    }
+
+    /// Allocates host memory for `slots` pages of the host tier.
+    fn init_host_tier(&mut self, _slots: usize) -> Result<(), ModelError> {
+        Err(ModelError("this model cannot offload KV pages to host memory".into()))
+    }
+
+    /// Copies GPU pages to host slots, `(gpu page, host slot)`, after the last step (which
+    /// computed them), without delaying the next step; a later step that overwrites one of these
+    /// pages waits for its copy.
+    fn store_pages(&mut self, _pairs: &[(u32, u32)]) -> Result<(), ModelError> {
+        Ok(())
+    }
+
+    /// Copies host slots into GPU pages, `(host slot, gpu page)`, before the next step.
+    fn restore_pages(&mut self, _pairs: &[(u32, u32)]) -> Result<(), ModelError> {
+        Ok(())
+    }
+
+    /// Bytes restored from host memory and the GPU time those copies took, so far.
+    fn restore_timing(&mut self) -> (u64, f64) {
+        (0, 0.0)
+    }
+
     /// Work before the first request (e.g. capturing CUDA graphs); `progress(done, total)`.
     fn warm_up(&mut self, _progress: &mut dyn FnMut(usize, usize)) -> Result<(), ModelError> {
         Ok(())

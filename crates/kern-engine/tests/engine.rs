@@ -269,3 +269,27 @@ fn a_shared_prefix_is_served_from_the_cache_with_identical_outputs() {
     assert_eq!(ask(&off, 1), 0);
     assert_eq!(ask(&off, 1), 0, "--no-prefix-cache");
 }
+
+#[test]
+fn an_evicted_prefix_comes_back_from_host_memory() {
+    let rule = hash_rule(VOCAB);
+    // 40 GPU pages of 4 tokens; each prompt is 120 tokens (30 pages): a second prompt evicts
+    // most of the first one's pages, which the host tier (64 pages × 32 B) keeps.
+    let e = start(FakeModel::new(info(40, 8, 64), rule.clone()), EngineConfig { offload_bytes: 64 * 32, ..Default::default() }, false);
+    let a: Vec<u32> = (0..120).map(|t| 7000 + t).collect();
+    let b: Vec<u32> = (0..120).map(|t| 9000 + t).collect();
+    let run = |p: &Vec<u32>| {
+        let c = collect(e.submit(Request { ignore_eos: true, ..Request::new(p.clone(), 4) }).unwrap());
+        assert_eq!(c.tokens, FakeModel::reference(&rule, p, 4), "exact tokens through the host tier");
+        match c.end {
+            Event::Finished { cached_tokens, .. } => cached_tokens,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(run(&a), 0);
+    assert_eq!(run(&b), 0);
+    assert_eq!(run(&a), 116, "29 full pages cached (the last page holds the last token)");
+    assert!(metric(&e, "kern:external_prefix_cache_hits_total") > 0.0, "some came from the host");
+    assert!(metric(&e, "kern:kv_offload_restored_pages_total") > 0.0);
+    assert!(metric(&e, "kern:kv_offload_stored_pages_total") >= 60.0);
+}

@@ -53,6 +53,10 @@ pub struct Args {
     /// Do not reuse the KV pages of prompt prefixes computed before.
     #[arg(long)]
     no_prefix_cache: bool,
+    /// Pinned host memory for the prefix cache's second tier, GiB (0: off): cached KV pages are
+    /// written through to it and come back by copy after the GPU evicts them.
+    #[arg(long, default_value_t = 0.0)]
+    offload_gib: f64,
     /// A Jinja chat template file, instead of the tokenizer's.
     #[arg(long)]
     chat_template: Option<PathBuf>,
@@ -134,6 +138,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_queue: args.max_queue,
         eos: tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),
         prefix_cache: !args.no_prefix_cache,
+        offload_bytes: (args.offload_gib.max(0.0) * (1u64 << 30) as f64) as u64,
     };
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
