@@ -15,12 +15,16 @@ if [[ ! -f $d/model.json ]]; then
 fi
 $K serve --model $d --port 8301 --max-batched-tokens 2000 --gpu-mem 0.4 > $W/cached.log 2>&1 & p1=$!
 $K serve --model $d --port 8302 --max-batched-tokens 2000 --no-prefix-cache --gpu-mem 0.4 > $W/uncached.log 2>&1 & p2=$!
-for port in 8301 8302; do
+# (b) a small GPU pool (10 GiB in all: ~1 GiB of KV) with a 32 GiB host tier.
+$K serve --model $d --port 8303 --max-batched-tokens 2000 --gpu-mem 10GiB --offload-gib 32 > $W/offload.log 2>&1 & p3=$!
+for port in 8301 8302 8303; do
   for _ in $(seq 1 600); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.1; done
 done
-cat $W/cached.log $W/uncached.log
+cat $W/cached.log $W/uncached.log $W/offload.log
 python3 scripts/gpu/prefix_check.py http://127.0.0.1:8301 http://127.0.0.1:8302 $OUTD/prefix.json
 rc=$?
-kill -TERM $p1 $p2; wait $p1 $p2
-echo "prefix.sh: rc=$rc"
-exit $rc
+python3 scripts/gpu/prefix_offload.py http://127.0.0.1:8303 http://127.0.0.1:8302 $OUTD/offload.json
+rc2=$?
+kill -TERM $p1 $p2 $p3; wait $p1 $p2 $p3
+echo "prefix.sh: shared prefix rc=$rc, offload rc=$rc2"
+exit $((rc + rc2))
