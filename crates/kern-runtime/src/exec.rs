@@ -66,6 +66,8 @@ struct Prepared {
 /// A program prepared for running.
 struct Program {
     launches: Vec<Prepared>,
+    /// For each call of the program, its launches (a range of `launches`).
+    call_launches: Vec<std::ops::Range<usize>>,
 }
 
 /// A manifest loaded onto a GPU.
@@ -137,9 +139,11 @@ impl Runtime {
         let m = &self.manifest;
         let program = &m.programs[p];
         let mut launches = Vec::new();
+        let mut call_launches = Vec::with_capacity(program.calls.len());
         let max_vars = m.vars_at_max();
         for call in &program.calls {
             let op = &m.ops[call.op.0];
+            let first = launches.len();
             for (li, l) in op.launches.iter().enumerate() {
                 let key = (l.module.0, l.entry.clone());
                 let func = match funcs.get(&key) {
@@ -198,8 +202,9 @@ impl Runtime {
                     shared: l.shared.clone(),
                 });
             }
+            call_launches.push(first..launches.len());
         }
-        Ok(Program { launches })
+        Ok(Program { launches, call_launches })
     }
 
     /// The driver's layout of `f` must be the manifest's (which `kern check` matched with the
@@ -318,8 +323,13 @@ impl Runtime {
 
     /// Queues every launch of program `p` at `vars` on the stream.
     fn enqueue(&self, p: usize, vars: &[i64], sync_each: bool) -> Result<()> {
+        self.enqueue_launches(p, vars, 0..self.programs[p].launches.len(), sync_each)
+    }
+
+    /// Queues launches `range` of program `p` at `vars` on the stream.
+    fn enqueue_launches(&self, p: usize, vars: &[i64], range: std::ops::Range<usize>, sync_each: bool) -> Result<()> {
         let prog = &self.programs[p];
-        for l in &prog.launches {
+        for l in &prog.launches[range] {
             // The parameter bytes are patched in place: the driver copies them at launch, so
             // reusing one buffer across runs (and graph captures) is safe.
             let mut args = l.args.borrow_mut();
@@ -407,6 +417,96 @@ impl Runtime {
     /// Describes the state pools as allocated (for reports).
     pub fn pools(&self) -> impl Iterator<Item = (&str, &StatePool, &StateSize)> {
         self.manifest.states.iter().zip(&self.plan.states).map(|(s, p)| (s.name.as_str(), p, &s.size))
+    }
+}
+
+/// Running and inspecting parts of a program (for `kern test`: interval by interval, with
+/// buffers copied between two runtimes of the same context, and timed with CUDA events).
+impl Runtime {
+    /// The launches of calls `calls` of program `p`, checked against the program.
+    fn call_range(&self, p: usize, calls: &std::ops::Range<usize>) -> Result<std::ops::Range<usize>> {
+        let cl = &self.programs[p].call_launches;
+        if calls.start > calls.end || calls.end > cl.len() {
+            return Err(RuntimeError::Var(format!("calls {}..{} are outside program `{}` ({} calls)", calls.start, calls.end, self.manifest.programs[p].name, cl.len())));
+        }
+        if calls.is_empty() {
+            return Ok(0..0);
+        }
+        Ok(cl[calls.start].start..cl[calls.end - 1].end)
+    }
+
+    /// Runs calls `calls` (indices into the program's calls) of program `p` eagerly at `vars`
+    /// and waits for them. With `sync_each`, a failing kernel is reported with its call label.
+    pub fn run_calls(&self, p: usize, vars: &[i64], calls: std::ops::Range<usize>, sync_each: bool) -> Result<()> {
+        self.check_vars(vars)?;
+        let r = self.call_range(p, &calls)?;
+        self.enqueue_launches(p, vars, r, sync_each)?;
+        self.stream.synchronize().map_err(|e| self.fault_unknown(e))
+    }
+
+    /// GPU time in milliseconds of calls `calls` of program `p` run eagerly at `vars`, measured
+    /// with CUDA events around them. When `flush` is given, its bytes are overwritten on the
+    /// same stream first (outside the measured range), so the calls start with a cold L2.
+    pub fn time_calls(&self, p: usize, vars: &[i64], calls: std::ops::Range<usize>, flush: Option<&DeviceBuffer>) -> Result<f32> {
+        self.check_vars(vars)?;
+        let r = self.call_range(p, &calls)?;
+        let (start, end) = (self.ctx.event()?, self.ctx.event()?);
+        if let Some(f) = flush {
+            f.memset_u8_async(0, f.len(), 0x5a, &self.stream)?;
+        }
+        start.record(&self.stream)?;
+        self.enqueue_launches(p, vars, r, false)?;
+        end.record(&self.stream)?;
+        self.stream.synchronize().map_err(|e| self.fault_unknown(e))?;
+        Ok(Event::elapsed_ms(&start, &end)?)
+    }
+
+    /// Copies buffer `src` of `other` (a runtime of the same context) into buffer `dst` of this
+    /// one: the smaller of the two slots' bytes.
+    pub fn copy_buffer_from(&self, dst: kern_manifest::manifest::BufferId, other: &Runtime, src: kern_manifest::manifest::BufferId) -> Result<()> {
+        let (d, s) = (&self.plan.buffers[dst.0], &other.plan.buffers[src.0]);
+        let len = d.bytes.min(s.bytes) as usize;
+        self.arena.copy_from_device(d.offset as usize, &other.arena, s.offset as usize, len)?;
+        Ok(())
+    }
+
+    /// Sets every byte of buffer `b` (its whole slot) to `value`.
+    pub fn fill_buffer(&self, b: kern_manifest::manifest::BufferId, value: u8) -> Result<()> {
+        let slot = &self.plan.buffers[b.0];
+        self.arena.memset_u8(slot.offset as usize, slot.bytes as usize, value)?;
+        Ok(())
+    }
+
+    /// Copies state pool `src` of `other` (same context) into pool `dst` of this runtime. The
+    /// pools must have the same size.
+    pub fn copy_state_from(&self, dst: kern_manifest::manifest::StateId, other: &Runtime, src: kern_manifest::manifest::StateId) -> Result<()> {
+        match (&self.pools[dst.0], &other.pools[src.0]) {
+            (None, None) => Ok(()),
+            (Some(d), Some(s)) if d.len() == s.len() => Ok(d.copy_from_device(0, s, 0, s.len())?),
+            (d, s) => Err(RuntimeError::Mismatch(format!(
+                "state `{}` ({} bytes) cannot take state `{}` ({} bytes): the pools differ in size",
+                self.manifest.states[dst.0].name,
+                d.as_ref().map_or(0, |b| b.len()),
+                other.manifest.states[src.0].name,
+                s.as_ref().map_or(0, |b| b.len())
+            ))),
+        }
+    }
+
+    /// A device copy of state pool `s` (None when the pool has no memory).
+    pub fn snapshot_state(&self, s: kern_manifest::manifest::StateId) -> Result<Option<DeviceBuffer>> {
+        let Some(pool) = &self.pools[s.0] else { return Ok(None) };
+        let copy = self.ctx.alloc(pool.len())?;
+        copy.copy_from_device(0, pool, 0, pool.len())?;
+        Ok(Some(copy))
+    }
+
+    /// Puts back a pool taken by [`Runtime::snapshot_state`].
+    pub fn restore_state(&self, s: kern_manifest::manifest::StateId, snap: &DeviceBuffer) -> Result<()> {
+        match &self.pools[s.0] {
+            Some(pool) if pool.len() == snap.len() => Ok(pool.copy_from_device(0, snap, 0, snap.len())?),
+            _ => Err(RuntimeError::Mismatch(format!("state `{}`: the snapshot does not fit the pool", self.manifest.states[s.0].name))),
+        }
     }
 }
 
