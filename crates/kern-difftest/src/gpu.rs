@@ -281,7 +281,7 @@ impl<'o> Session<'o> {
 
     fn prompt(&self, len: usize, k: usize) -> Vec<u32> {
         let mut rng = numeric::Rng(self.opts.seed ^ (0x1234_5678 + k as u64));
-        (0..len).map(|_| (rng.next() % self.vocab as u64) as u32).collect()
+        (0..len).map(|_| (rng.next_u64() % self.vocab as u64) as u32).collect()
     }
 
     fn max_context(&self) -> usize {

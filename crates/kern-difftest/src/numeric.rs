@@ -317,7 +317,7 @@ impl Dist {
                 Dist::Zeros => 0.0,
                 Dist::Large | Dist::Tiny => {
                     let m = 0.5 + 0.5 * rng.uniform();
-                    let s = if rng.next() & 1 == 0 { 1.0 } else { -1.0 };
+                    let s = if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
                     // Just inside the range so that rounding never gives inf.
                     s * m * if self == Dist::Large { max * 0.99 } else { min_normal }
                 }
@@ -329,7 +329,7 @@ impl Dist {
 /// splitmix64 with Box-Muller normals.
 pub struct Rng(pub u64);
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -338,7 +338,7 @@ impl Rng {
     }
     /// U[0, 1).
     pub fn uniform(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
     pub fn normal(&mut self) -> f64 {
         let u1 = (self.uniform() + 1.0 / (1u64 << 53) as f64).min(1.0);

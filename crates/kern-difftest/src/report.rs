@@ -286,7 +286,7 @@ impl Report {
         }
         if !self.ops.is_empty() || !self.ops_only_a.is_empty() || !self.ops_only_b.is_empty() {
             let _ = writeln!(o, "\nkernel diff (each op on identical inputs, both sides):");
-            let _ = writeln!(o, "  {:<24} {:<6} {:>7} {:>6}  {}", "op", "impl", "checks", "fail", "worst (max abs / max rel / max ulp / exact)");
+            let _ = writeln!(o, "  {:<24} {:<6} {:>7} {:>6}  worst (max abs / max rel / max ulp / exact)", "op", "impl", "checks", "fail");
             for d in &self.ops {
                 let imp = if d.same_impl { "same" } else { "differ" };
                 if let Some(s) = &d.skipped {
@@ -336,7 +336,7 @@ impl Report {
             let _ = writeln!(o, "\nperformance diff (median of {} runs, L2 flushed, threshold {:.0}%):", perf.reps, 100.0 * perf.threshold);
             for s in &perf.steps {
                 let _ = writeln!(o, "  {} ({} intervals timed)", s.step, s.intervals_timed);
-                let _ = writeln!(o, "    {:<30} {:>11} {:>11} {:>7}  {}", "", "A µs", "B µs", "B/A", "");
+                let _ = writeln!(o, "    {:<30} {:>11} {:>11} {:>7}", "", "A µs", "B µs", "B/A");
                 let row = |o: &mut String, r: &PerfRow| {
                     let _ = writeln!(o, "    {:<30} {:>11.1} {:>11.1} {:>7.3}  {}", trunc(&r.name, 30), 1e3 * r.a.median, 1e3 * r.b.median, r.ratio(), r.class.name());
                 };

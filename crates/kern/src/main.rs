@@ -12,6 +12,7 @@ mod plan;
 mod run;
 mod selftest;
 mod serve;
+mod test;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -40,6 +41,7 @@ enum Command {
     RandomWeights(pack::RandomArgs),
     Generate(generate::Args),
     Serve(serve::Args),
+    Test(test::Args),
 }
 
 fn main() -> ExitCode {
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
         Command::RandomWeights(a) => pack::random(a),
         Command::Generate(a) => generate::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Test(a) => test::run(a),
     };
     match result {
         Ok(code) => code,
