@@ -86,13 +86,26 @@ speed = u["ttft_p50_ms"] / max(c["ttft_p50_ms"], 1e-9)
 fewer = 1 - c["prefill_tokens"] / u["prefill_tokens"]
 check("TTFT p50 ≥ 5× lower with the cache", speed >= 5, f"{u['ttft_p50_ms']} → {c['ttft_p50_ms']} ms ({speed:.1f}×)")
 check("prefill tokens ≥ 90% fewer", fewer >= 0.9, f"{u['prefill_tokens']} → {c['prefill_tokens']} ({fewer:.1%} fewer)")
-# (b) Greedy: hit vs miss. Sequential requests, batch 1 on both servers.
-same = sum(a == b for a, b in zip(c["outputs"], u["outputs"]))
-check("greedy with a cache hit == without the cache (64 requests)", same == 64, f"{same}/64 identical")
-again = asyncio.run(one(httpx.AsyncClient(timeout=600), cached, SYSTEM + QUESTIONS[5]))[1]
-check("the same request again (whole prompt but its last page cached) == first answer", again == c["outputs"][5])
+# (b) Greedy: hit vs miss, one request at a time on both servers (batch 1: the same kernels on
+# both sides; in a concurrent batch the decode batch size differs between the two runs, so bf16
+# rounding differs and near-ties can flip — reported, not checked).
+conc = sum(a == b for a, b in zip(c["outputs"], u["outputs"]))
+print(f"info: outputs of the 63 concurrent requests identical with and without the cache: {conc}/64 (different batch compositions)")
+
+
+async def seq(base, prompts):
+    async with httpx.AsyncClient(timeout=600) as cl:
+        return [(await one(cl, base, p))[1] for p in prompts]
+
+
+probe = [SYSTEM + q for q in QUESTIONS[1:9]]
+hit_out, miss_out = asyncio.run(seq(cached, probe)), asyncio.run(seq(uncached, probe))
+same = sum(a == b for a, b in zip(hit_out, miss_out))
+check("greedy with a GPU cache hit == without the cache (8 requests, one at a time)", same == 8, f"{same}/8 identical")
+again = asyncio.run(seq(cached, probe[:1]))[0]
+check("the same request again (every full page cached) == its first answer", again == hit_out[0])
 m = metrics(cached)
-res["summary"] = {"ttft_speedup": round(speed, 1), "prefill_fewer": round(fewer, 4), "greedy_identical": f"{same}/64",
+res["summary"] = {"ttft_speedup": round(speed, 1), "prefill_fewer": round(fewer, 4), "greedy_identical": f"{same}/8", "concurrent_identical": f"{conc}/64",
                   "hit_rate": round(m["kern:prefix_cache_hits_total"] / m["kern:prefix_cache_queries_total"], 4), "fails": fails}
 for k in ("cached", "uncached"):
     res[k].pop("outputs")
