@@ -25,6 +25,9 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Also write the JSON report to this file (the text report is printed).
+    #[arg(long, value_name = "FILE")]
+    json_out: Option<PathBuf>,
     /// Only load, pair and match the manifests (no GPU needed).
     #[arg(long)]
     match_only: bool,
@@ -88,6 +91,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         };
         kern_difftest::run(&opts)
     };
+    if let Some(p) = &args.json_out {
+        if let Err(e) = std::fs::write(p, report.to_json() + "\n") {
+            eprintln!("error: --json-out {}: {e}", p.display());
+            return Ok(ExitCode::from(2));
+        }
+    }
     if args.json {
         println!("{}", report.to_json());
     } else {
