@@ -373,6 +373,7 @@ impl<'o> Session<'o> {
         let mut out = Vec::new();
         let pairs = self.an.ops.clone();
         let mut cache: HashMap<(usize, u8, DistKey), Vec<u8>> = HashMap::new();
+        let mut cache_bytes = 0usize;
         for sh in &shapes {
             self.upload(sh)?;
             for pair in &pairs {
@@ -416,11 +417,18 @@ impl<'o> Session<'o> {
                         };
                         if reads && buf.role != Role::Input && numeric::is_float(buf.dtype) {
                             let n = (ma.buffer_bytes(*xa, &sh.va).map_err(|e| e.to_string())? / buf.dtype.size()) as usize;
+                            // Drawn once per (size, dtype, distribution, parameter) and kept
+                            // (weights keep their size across shapes), up to 4 GiB.
                             let key = (n, buf.dtype.size() as u8, DistKey(di, j, buf.dtype.name()));
                             if !cache.contains_key(&key) {
-                                cache.clear();
+                                if cache_bytes > 4 << 30 {
+                                    cache.clear();
+                                    cache_bytes = 0;
+                                }
                                 let seed = self.opts.seed ^ ((di as u64) << 32) ^ (j as u64) << 48;
-                                cache.insert(key.clone(), tiled(*dist, n, buf.dtype, seed)?);
+                                let bytes = tiled(*dist, n, buf.dtype, seed)?;
+                                cache_bytes += bytes.len();
+                                cache.insert(key.clone(), bytes);
                             }
                             let bytes = &cache[&key];
                             self.a.write_buffer(*xa, bytes).map_err(|e| rt_err("A", e))?;

@@ -390,3 +390,63 @@ pub fn stats_line(s: &Stats) -> String {
         s.rms
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::numeric::{classify, Timing};
+
+    fn stats(pass: bool) -> Stats {
+        Stats { elements: 10, mismatches: usize::from(!pass) * 4, exact: 6, max_abs: 0.5, max_rel: 0.2, max_ulp: 30, rms: 1.0, pass, ..Default::default() }
+    }
+
+    fn full() -> Report {
+        let mut r = Report::new("a.json", "b.json");
+        r.device = Some("NVIDIA H200 (sm_90)".into());
+        r.matching = Some(MatchSummary { calls_a: 3, calls_b: 4, intervals: 3, one_to_one: 2, common_buffers: 5, fused_or_split: vec![IntervalPair { index: 1, kind: "1:2".into(), a_calls: "n".into(), b_calls: "add, norm".into() }], ..Default::default() });
+        r.ops = vec![OpDiff { op: "gemm".into(), same_impl: false, a_call: "l0.q".into(), b_call: "l0.q".into(), checks: 24, failures: 0, first_failure: None, worst: Some(Check { shape: "tokens=1".into(), dist: "normal(0,1)".into(), output: "#3 `y`".into(), stats: stats(true) }), skipped: None }];
+        r.ops_only_b = vec!["add".into()];
+        let t = |m: f64| Timing { median: m, q1: m * 0.99, q3: m * 1.01, samples: 20 };
+        let row = |n: &str, a: f64, b: f64| PerfRow { name: n.into(), a: t(a), b: t(b), class: classify(&t(a), &t(b), 0.05, 0.0) };
+        r.perf = Some(Perf { threshold: 0.05, reps: 20, l2_flush_bytes: 256 << 20, steps: vec![StepPerf { step: "decode 1".into(), whole: row("whole step (eager)", 1.0, 1.3), by_op: vec![row("gemm", 0.5, 0.8)], flagged: vec![row("#0 l0.q ↔ l0.q", 0.5, 0.8)], intervals_timed: 3 }] });
+        r.precision = Some(Precision { greedy_agree: 8, greedy_positions: 8, ..Default::default() });
+        r
+    }
+
+    #[test]
+    fn equal_reports_exit_0_and_regressions_do_not_change_it() {
+        let mut r = full();
+        r.finish();
+        assert_eq!((r.verdict, r.exit_code()), (Verdict::Equal, 0));
+        let text = r.render();
+        let order: Vec<usize> = ["sync points", "kernel diff", "precision diff", "performance diff"].iter().map(|s| text.find(s).unwrap_or_else(|| panic!("{s} missing:\n{text}"))).collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{text}");
+        assert!(text.contains("SLOWER") && text.contains("regression(s) over the threshold"), "{text}");
+        assert!(text.contains("only in B: add"), "{text}");
+        assert_eq!(r.perf.as_ref().unwrap().regressions(), 2);
+    }
+
+    #[test]
+    fn kernel_failures_logit_gates_and_errors_exit_1() {
+        let mut r = full();
+        r.ops[0].failures = 1;
+        r.ops[0].first_failure = Some(Check { shape: "tokens=1".into(), dist: "zeros".into(), output: "#3 `y`".into(), stats: stats(false) });
+        r.finish();
+        assert_eq!(r.exit_code(), 1);
+        assert!(r.render().contains("zeros"));
+        let mut r = full();
+        r.precision.as_mut().unwrap().logit_failures.push("mean KL divergence 1e-1 > 1e-2".into());
+        r.finish();
+        assert_eq!(r.exit_code(), 1);
+        let mut r = full();
+        r.reason = Some("B, prefill, l3.attention: kernel fault".into());
+        r.finish();
+        assert_eq!(r.exit_code(), 1);
+        assert!(r.render().contains("kernel fault"));
+        let mut r = Report::incomparable("a", "b", "vars differ");
+        r.finish();
+        assert_eq!(r.exit_code(), 2);
+        let j: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        assert_eq!((j["verdict"].as_str(), j["reason"].as_str()), (Some("incomparable"), Some("vars differ")));
+    }
+}
