@@ -394,6 +394,12 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
         return fail(inner, format!("warming up the model: {e}"));
     }
     let mi = model.info().clone();
+    let mut cfg = cfg;
+    if mi.per_seq_state && cfg.prefix_cache {
+        // A per-sequence state at a prefix's end is not snapshotted, so a cached prefix could
+        // not restore it: such models compute every prompt in full.
+        cfg.prefix_cache = false;
+    }
     let mut host_slots = 0;
     if cfg.offload_bytes > 0 {
         if !cfg.prefix_cache {

@@ -46,7 +46,7 @@ impl FakeModel {
 
     /// A small model: `vocab` ids, steps of 64 tokens × 8 sequences, 4-token pages.
     pub fn small(vocab: usize, total_pages: usize) -> FakeModel {
-        let info = ModelInfo { max_step_tokens: 64, max_step_seqs: 8, pages_per_seq: 64, page_tokens: 4, total_pages, vocab, logits: true, gpu_sampling: true };
+        let info = ModelInfo { max_step_tokens: 64, max_step_seqs: 8, pages_per_seq: 64, page_tokens: 4, total_pages, vocab, logits: true, gpu_sampling: true, per_seq_state: false };
         FakeModel::new(info, hash_rule(vocab))
     }
 

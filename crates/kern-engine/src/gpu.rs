@@ -113,12 +113,19 @@ impl GpuModel {
         let m = kern_manifest::load(&manifest_path, &kern_manifest::CheckOptions { arch, ..Default::default() })
             .map_err(|d| err(format!("{d}{} error(s); `kern check {}` lists them", d.error_count(), manifest_path.display())))?;
         let step = m.step.clone().ok_or_else(|| err(format!("{}: the manifest has no `step` section: the engine drives a model through the step ABI (docs/step-abi.md)", manifest_path.display())))?;
-        let ckpt = kern_weights::Checkpoint::open(dir).map_err(|e| err(format!("{}: the model's weights: {e}", dir.display())))?;
-        let problems = kern_weights::check(&ckpt, &m.buffers);
-        if !problems.is_empty() {
-            let lines: Vec<String> = problems.iter().map(|e| e.to_string()).collect();
-            return Err(err(format!("the checkpoint does not match the manifest:\n  {}", lines.join("\n  "))));
-        }
+        // A model without weights (a toy, a test) needs no checkpoint.
+        let has_weights = m.buffers.iter().any(|b| b.role == kern_manifest::raw::Role::Weight);
+        let ckpt = if has_weights {
+            let ckpt = kern_weights::Checkpoint::open(dir).map_err(|e| err(format!("{}: the model's weights: {e}", dir.display())))?;
+            let problems = kern_weights::check(&ckpt, &m.buffers);
+            if !problems.is_empty() {
+                let lines: Vec<String> = problems.iter().map(|e| e.to_string()).collect();
+                return Err(err(format!("the checkpoint does not match the manifest:\n  {}", lines.join("\n  "))));
+            }
+            Some(ckpt)
+        } else {
+            None
+        };
         let (free, total) = ctx.mem_info().map_err(err)?;
         let budget = match opts.gpu_mem {
             None => free as u64,
@@ -145,6 +152,7 @@ impl GpuModel {
             vocab: step.vocab.unwrap_or(0) as usize,
             logits: step.logits.is_some(),
             gpu_sampling: step.sampling.is_some(),
+            per_seq_state: m.states.iter().any(|s| matches!(s.size, kern_manifest::manifest::StateSize::PerSeq { .. })),
         };
         let nvars = m.vars.len();
         let rt = Runtime::new(&ctx, m, p).map_err(err)?;
@@ -160,7 +168,10 @@ impl GpuModel {
                 _ => None,
             })
             .collect();
-        let weight_bytes = rt.load_weights(&ckpt, &mut progress).map_err(err)?;
+        let weight_bytes = match &ckpt {
+            Some(c) => rt.load_weights(c, &mut progress).map_err(err)?,
+            None => 0,
+        };
         let report = LoadReport { device_name: props.name.clone(), weight_bytes, load_secs: t0.elapsed().as_secs_f64(), pages, page_tokens };
         Ok(GpuModel { rt, pools, offload: None, step, info, graphs: opts.graphs, capture_at_start: opts.capture_at_start, nvars, report, _ctx: ctx })
     }
@@ -180,6 +191,9 @@ impl GpuModel {
         self.write(s.slot_mapping, i32s(&st.slot_mapping))?;
         self.write(s.block_tables, i32s(&st.block_tables))?;
         self.write(s.last_token, i32s(&st.last_token))?;
+        if let Some(b) = s.seq_slots {
+            self.write(b, i32s(&st.seq_slots))?;
+        }
         if let Some(sm) = &s.sampling {
             self.write(sm.temperature, f32s(&st.temperature))?;
             self.write(sm.top_k, i32s(&st.top_k))?;

@@ -26,6 +26,9 @@ pub struct ModelInfo {
     /// Whether the program samples with temperature / top-k / top-p itself (else it is greedy
     /// only, and sampled requests are sampled on the host from the logits).
     pub gpu_sampling: bool,
+    /// Whether the model declares a per-sequence state (one slot per running sequence, e.g. a
+    /// recurrent state). Its value at a prefix is not kept, so the prefix cache is off.
+    pub per_seq_state: bool,
 }
 
 impl ModelInfo {

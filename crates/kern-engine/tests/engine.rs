@@ -23,7 +23,7 @@ fn qwen3() -> Arc<Tokenizer> {
 const VOCAB: usize = 151_936;
 
 fn info(pages: usize, seqs: usize, tokens: usize) -> ModelInfo {
-    ModelInfo { max_step_tokens: tokens, max_step_seqs: seqs, pages_per_seq: 64, page_tokens: 4, total_pages: pages, vocab: VOCAB, logits: true, gpu_sampling: true }
+    ModelInfo { max_step_tokens: tokens, max_step_seqs: seqs, pages_per_seq: 64, page_tokens: 4, total_pages: pages, vocab: VOCAB, logits: true, gpu_sampling: true, per_seq_state: false }
 }
 
 fn start(model: FakeModel, cfg: EngineConfig, tok: bool) -> Engine {
@@ -292,4 +292,17 @@ fn an_evicted_prefix_comes_back_from_host_memory() {
     assert!(metric(&e, "kern:external_prefix_cache_hits_total") > 0.0, "some came from the host");
     assert!(metric(&e, "kern:kv_offload_restored_pages_total") > 0.0);
     assert!(metric(&e, "kern:kv_offload_stored_pages_total") >= 60.0);
+}
+
+#[test]
+fn a_model_with_a_per_sequence_state_computes_every_prompt_in_full() {
+    let rule = hash_rule(VOCAB);
+    let mut i = info(256, 8, 64);
+    i.per_seq_state = true;
+    let e = start(FakeModel::new(i, rule.clone()), EngineConfig::default(), false);
+    let p: Vec<u32> = (0..100).map(|t| 400 + t).collect();
+    for _ in 0..2 {
+        let c = collect(e.submit(Request { ignore_eos: true, ..Request::new(p.clone(), 3) }).unwrap());
+        assert!(matches!(c.end, Event::Finished { cached_tokens: 0, .. }), "no snapshot of the state at the prefix: no reuse");
+    }
 }

@@ -235,6 +235,9 @@ pub struct Step {
     pub slot_mapping: BufferId,
     pub block_tables: BufferId,
     pub last_token: BufferId,
+    /// `[seqs]` i32: each sequence's slot in the per-sequence state pools (needed when the
+    /// manifest declares a per-sequence state).
+    pub seq_slots: Option<BufferId>,
     /// Per-sequence sampling parameters, when the program samples.
     pub sampling: Option<Sampling>,
     pub sampled: BufferId,

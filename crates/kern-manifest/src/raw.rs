@@ -63,7 +63,7 @@ pub struct RawStep {
     /// The step ABI version (1).
     pub abi: u32,
     /// ABI role (`token_ids`, `positions`, `seq_lens`, `query_start`, `slot_mapping`,
-    /// `block_tables`, `last_token`, `temperature`, `top_k`, `top_p`, `seeds`, `sampled`,
+    /// `block_tables`, `last_token`, `seq_slots`, `temperature`, `top_k`, `top_p`, `seeds`, `sampled`,
     /// `logits`) → the name of the buffer that plays it.
     pub buffers: IndexMap<String, String>,
     /// The per-token state that `slot_mapping` and `block_tables` page (the KV cache).

@@ -142,6 +142,8 @@ struct Seq {
     /// The canonical page and hash of each cached-or-registered full page, in order (a prefix
     /// of `pages`' length).
     chain: Vec<(u32, PageHash)>,
+    /// The sequence's slot in the per-sequence state pools while it runs.
+    slot: Option<u32>,
     params: SamplingParams,
 }
 
@@ -159,12 +161,15 @@ pub struct Scheduler {
     running: Vec<Seq>,
     next_id: SeqId,
     preemptions: u64,
+    /// Free per-sequence slots (one per sequence that can run at once), lowest first.
+    free_slots: Vec<u32>,
 }
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, blocks: BlockManager) -> Self {
         assert!(cfg.chunk > 0 && cfg.max_seqs > 0, "step budgets must be positive");
-        Scheduler { cfg, blocks, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, preemptions: 0 }
+        let free_slots = (0..cfg.max_seqs as u32).rev().collect();
+        Scheduler { cfg, blocks, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, preemptions: 0, free_slots }
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -186,7 +191,7 @@ impl Scheduler {
         self.limits().check(prompt.len(), params.max_tokens)?;
         let id = self.next_id;
         self.next_id += 1;
-        self.waiting.push_back(Seq { id, tokens: prompt, computed: 0, generated: 0, pages: Vec::new(), chain: Vec::new(), params });
+        self.waiting.push_back(Seq { id, tokens: prompt, computed: 0, generated: 0, pages: Vec::new(), chain: Vec::new(), slot: None, params });
         Ok(id)
     }
 
@@ -237,6 +242,7 @@ impl Scheduler {
         if let Some(i) = self.running.iter().position(|s| s.id == id) {
             let mut s = self.running.remove(i);
             self.blocks.release(&mut s.pages);
+            self.free_slots.extend(s.slot.take());
             return true;
         }
         false
@@ -248,6 +254,7 @@ impl Scheduler {
         let i = self.running.iter().rposition(|s| !keep.contains(&s.id))?;
         let mut s = self.running.remove(i);
         self.blocks.release(&mut s.pages);
+        self.free_slots.extend(s.slot.take());
         s.chain.clear();
         s.computed = 0;
         self.preemptions += 1;
@@ -308,7 +315,8 @@ impl Scheduler {
                 break;
             }
             self.blocks.record(front.tokens.len(), cached);
-            let s = self.waiting.pop_front().expect("front exists");
+            let mut s = self.waiting.pop_front().expect("front exists");
+            s.slot = Some(self.free_slots.pop().expect("a slot per running sequence"));
             picked.push((s.id, n));
             budget -= n;
             self.running.push(s);
@@ -330,6 +338,7 @@ impl Scheduler {
                     start: s.computed,
                     n,
                     samples: s.computed + n == s.tokens.len(),
+                    slot: s.slot.expect("a running sequence has a slot"),
                     temperature: s.params.temperature,
                     top_k: s.params.top_k,
                     top_p: s.params.top_p,
@@ -380,11 +389,12 @@ impl Scheduler {
             };
             out.push(SeqOutput { id: s.id, token, row, finished });
         }
-        let blocks = &mut self.blocks;
+        let (blocks, slots) = (&mut self.blocks, &mut self.free_slots);
         self.running.retain_mut(|s| {
             let done = out.iter().any(|o| o.id == s.id && o.finished.is_some());
             if done {
                 blocks.release(&mut s.pages);
+                slots.extend(s.slot.take());
             }
             !done
         });
@@ -410,8 +420,11 @@ impl Scheduler {
             assert_eq!(r, self.blocks.refs(p as u32), "page {p}: {r} running sequences hold it, its count says {}", self.blocks.refs(p as u32));
         }
         for s in &self.waiting {
-            assert!(s.pages.is_empty() && s.computed == 0, "queued sequence {} holds pages", s.id);
+            assert!(s.pages.is_empty() && s.computed == 0 && s.slot.is_none(), "queued sequence {} holds pages or a slot", s.id);
         }
+        let mut slots: Vec<u32> = self.running.iter().map(|s| s.slot.expect("a running sequence has a slot")).chain(self.free_slots.iter().copied()).collect();
+        slots.sort_unstable();
+        assert_eq!(slots, (0..self.cfg.max_seqs as u32).collect::<Vec<_>>(), "every slot is free or held by exactly one running sequence");
     }
 
     /// Page copies to the host tier to make after the step just committed: `(gpu page, host slot)`.

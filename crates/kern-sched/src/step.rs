@@ -36,6 +36,8 @@ pub struct Step {
     pub slot_mapping: Vec<i32>,
     pub block_tables: Vec<i32>,
     pub last_token: Vec<i32>,
+    /// Each sequence's slot in the per-sequence state pools (-1 for padded rows).
+    pub seq_slots: Vec<i32>,
     pub temperature: Vec<f32>,
     pub top_k: Vec<i32>,
     pub top_p: Vec<f32>,
@@ -50,6 +52,7 @@ pub(crate) struct SeqView<'a> {
     pub start: usize,
     pub n: usize,
     pub samples: bool,
+    pub slot: u32,
     pub temperature: f32,
     pub top_k: i32,
     pub top_p: f32,
@@ -89,6 +92,7 @@ impl Step {
             st.query_start.push(end);
             st.seq_lens.push((s.start + s.n) as i32);
             st.last_token.push(end - 1);
+            st.seq_slots.push(s.slot as i32);
             for (j, &pg) in s.pages.iter().enumerate().take(pages) {
                 st.block_tables[k * pages + j] = pg as i32;
             }
@@ -104,6 +108,7 @@ impl Step {
         st.query_start.resize(seqs_pad + 1, total);
         st.seq_lens.resize(seqs_pad, 0);
         st.last_token.resize(seqs_pad, -1);
+        st.seq_slots.resize(seqs_pad, -1);
         st.temperature.resize(seqs_pad, 0.0);
         st.top_k.resize(seqs_pad, 0);
         st.top_p.resize(seqs_pad, 1.0);

@@ -37,6 +37,7 @@ const SPECS: &[Spec] = &[
     Spec { role: "slot_mapping", dtype: DType::I32, shape: &[Dim::Tokens], output: false, required: true },
     Spec { role: "block_tables", dtype: DType::I32, shape: &[Dim::Seqs, Dim::Pages], output: false, required: true },
     Spec { role: "last_token", dtype: DType::I32, shape: &[Dim::Seqs], output: false, required: true },
+    Spec { role: "seq_slots", dtype: DType::I32, shape: &[Dim::Seqs], output: false, required: false },
     Spec { role: "temperature", dtype: DType::F32, shape: &[Dim::Seqs], output: false, required: false },
     Spec { role: "top_k", dtype: DType::I32, shape: &[Dim::Seqs], output: false, required: false },
     Spec { role: "top_p", dtype: DType::F32, shape: &[Dim::Seqs], output: false, required: false },
@@ -142,6 +143,13 @@ impl Checker<'_> {
                 None
             }
         });
+        // A per-sequence state is indexed by the sequence's slot, which only `seq_slots` tells.
+        if let Some(s) = self.states.iter().find(|s| matches!(s.size, StateSize::PerSeq { .. })) {
+            if !raw.buffers.contains_key("seq_slots") {
+                self.sink.error(&bpath, format!("state `{}` is per sequence, so its kernels need each sequence's slot: bind the step ABI role \"seq_slots\" to an input i32 [seqs] buffer", s.name));
+                ok = false;
+            }
+        }
         if !ok {
             return None;
         }
@@ -159,6 +167,7 @@ impl Checker<'_> {
             slot_mapping: get("slot_mapping")?,
             block_tables: get("block_tables")?,
             last_token: get("last_token")?,
+            seq_slots: get("seq_slots"),
             sampling: match (get("temperature"), get("top_k"), get("top_p"), get("seeds")) {
                 (Some(temperature), Some(top_k), Some(top_p), Some(seeds)) => Some(Sampling { temperature, top_k, top_p, seeds }),
                 _ => None,
