@@ -97,7 +97,7 @@ pub fn match_only(a: &std::path::Path, b: &std::path::Path, arch: kern_manifest:
                 .iter()
                 .map(|o| report::OpDiff { op: o.name.clone(), same_impl: o.same_impl, a_call: String::new(), b_call: String::new(), checks: 0, failures: 0, first_failure: None, worst: None, skipped: Some("--match-only: not run".into()) })
                 .collect();
-            r.notes.push("--match-only: the manifests were matched, nothing ran; the verdict covers only that they can be compared".into());
+            r.match_only = true;
             r.finish();
             r
         }

@@ -192,6 +192,8 @@ pub struct Report {
     pub precision: Option<Precision>,
     pub perf: Option<Perf>,
     pub notes: Vec<String>,
+    /// Only the manifests were matched (`--match-only`): nothing ran.
+    pub match_only: bool,
 }
 
 impl Report {
@@ -212,6 +214,7 @@ impl Report {
             precision: None,
             perf: None,
             notes: vec![],
+            match_only: false,
         }
     }
 
@@ -251,6 +254,7 @@ impl Report {
             let _ = writeln!(o, "  on {d}, seed {}", self.seed);
         }
         let verdict = match self.verdict {
+            Verdict::Equal if self.match_only => "COMPARABLE (--match-only: matched, nothing ran)".to_string(),
             Verdict::Equal => "EQUAL within tolerance".to_string(),
             Verdict::Differs => "DIFFERS".to_string(),
             Verdict::Incomparable => "NOT COMPARABLE".to_string(),
