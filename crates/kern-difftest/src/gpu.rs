@@ -405,8 +405,9 @@ impl<'o> Session<'o> {
                 }
                 let uses_state = calls_a[ia].args.iter().any(|b| matches!(b, Binding::State(_)));
                 for (di, dist) in Dist::ALL.iter().enumerate() {
-                    // Inputs: every float buffer the call reads (not the step inputs), the same
-                    // bytes on both sides; outputs poisoned (0xff: NaN) on both.
+                    // Inputs: every float buffer the call reads (not the step ABI's arrays,
+                    // which index memory), the same bytes on both sides; outputs poisoned
+                    // (0xff: NaN) on both.
                     for (j, p) in op.params.iter().enumerate() {
                         let (Binding::Buf(xa), Binding::Buf(xb)) = (&calls_a[ia].args[j], &calls_b[ib].args[j]) else { continue };
                         let buf = &ma.buffers[xa.0];
@@ -415,7 +416,7 @@ impl<'o> Session<'o> {
                             OpParam::Ptr => true,
                             _ => false,
                         };
-                        if reads && buf.role != Role::Input && numeric::is_float(buf.dtype) {
+                        if reads && !is_step_input(ma, *xa) && numeric::is_float(buf.dtype) {
                             let n = (ma.buffer_bytes(*xa, &sh.va).map_err(|e| e.to_string())? / buf.dtype.size()) as usize;
                             // Drawn once per (size, dtype, distribution, parameter) and kept
                             // (weights keep their size across shapes), up to 4 GiB.
@@ -826,6 +827,17 @@ fn bindings_differ(ma: &Manifest, mb: &Manifest, a: &[Binding], b: &[Binding], v
         }
     }
     None
+}
+
+/// Whether `b` is one of the arrays the step ABI binds (token ids, positions, block tables,
+/// sampling parameters…): they come from the scheduler, never from a distribution.
+fn is_step_input(m: &Manifest, b: BufferId) -> bool {
+    let Some(s) = &m.step else { return false };
+    let mut ids = vec![s.token_ids, s.positions, s.seq_lens, s.query_start, s.slot_mapping, s.block_tables, s.last_token];
+    if let Some(sm) = &s.sampling {
+        ids.extend([sm.temperature, sm.top_k, sm.top_p, sm.seeds]);
+    }
+    ids.contains(&b)
 }
 
 fn upload_step(rt: &Runtime, s: &StepAbi, st: &Step) -> Result<(), RuntimeError> {
