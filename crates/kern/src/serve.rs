@@ -150,7 +150,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let report = Arc::new(Mutex::new(None));
         let engine = if args.fake {
             let vocab = tokenizer.as_ref().map_or(151_936, |t| t.vocab_size());
-            let info = ModelInfo { max_step_tokens: 256, max_step_seqs: 64, pages_per_seq: 256, page_tokens: 4, total_pages: args.fake_pages, vocab, logits: true, gpu_sampling: true };
+            let info = ModelInfo { max_step_tokens: 256, max_step_seqs: 64, pages_per_seq: 256, page_tokens: 4, total_pages: args.fake_pages, vocab, logits: true, gpu_sampling: true, per_seq_state: false };
             let (fail, delay) = (args.fake_fail_at_step, Duration::from_millis(args.fake_step_ms));
             Engine::start(cfg, tokenizer.clone(), move || {
                 let mut m = FakeModel::new(info, hash_rule(vocab));
