@@ -866,3 +866,27 @@ fn read_i32(rt: &Runtime, b: BufferId, n: usize) -> Result<Vec<i32>, RuntimeErro
 fn read_f32(rt: &Runtime, b: BufferId, n: usize) -> Result<Vec<f32>, RuntimeError> {
     Ok(rt.read_buffer(b, n * 4)?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kern_manifest::DType;
+
+    #[test]
+    fn tiled_inputs_repeat_one_block_to_any_length() {
+        let small = tiled(Dist::Normal, 1000, DType::Bf16, 3).unwrap();
+        assert_eq!(small.len(), 2000);
+        let n = (1 << 20) * 2 + 7;
+        let big = tiled(Dist::Normal, n, DType::F32, 3).unwrap();
+        assert_eq!(big.len(), n * 4);
+        assert_eq!(big[..16], big[(1 << 20) * 4..(1 << 20) * 4 + 16]);
+        assert_eq!(big[n * 4 - 28..], big[..28], "the tail is the block's start");
+        assert_ne!(tiled(Dist::Normal, 64, DType::F32, 3).unwrap(), tiled(Dist::Normal, 64, DType::F32, 4).unwrap());
+    }
+
+    #[test]
+    fn name_hashes_differ() {
+        assert_ne!(name_hash("A"), name_hash("B"));
+        assert_eq!(name_hash("x"), name_hash("x"));
+    }
+}
