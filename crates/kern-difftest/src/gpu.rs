@@ -60,6 +60,17 @@ impl Default for Options {
 /// Prompt lengths of the precision scenario: several sequences, odd sizes, one of length 1.
 pub const PROMPTS: [usize; 4] = [37, 5, 90, 1];
 
+/// The text the scenario's prompts are cut from when the checkpoint has a tokenizer.
+const TEXT: &str = "The history of numerical computing is a history of trade-offs between speed and accuracy. \
+Early machines stored numbers in fixed point, and programmers scaled every quantity by hand so that \
+nothing overflowed. Floating point arithmetic moved that burden into hardware: a number became a \
+sign, an exponent and a fraction, and the machine kept track of the scale. Rounding became the new \
+problem. Every operation rounds its exact result to the nearest representable value, and the errors \
+of long computations accumulate in ways that depend on the order of the operations. Two programs that \
+compute the same sum in different orders can disagree in the last digits, and both can be correct. \
+Reduced precision formats such as bfloat16 keep the exponent range of single precision with fewer \
+fraction bits, so neural networks can be evaluated faster while their activations stay in range.";
+
 /// The matching part of the report (no GPU).
 pub fn match_summary(an: &Analysis) -> MatchSummary {
     let m = &an.matching;
@@ -160,6 +171,8 @@ struct Session<'o> {
     vocab: usize,
     /// Var values by name (defaults and `--set`).
     base: HashMap<String, i64>,
+    /// Token ids of a real text, when the checkpoint directory has a tokenizer.
+    text: Option<Vec<u32>>,
 }
 
 fn rt_err(side: &str, e: RuntimeError) -> String {
@@ -206,6 +219,24 @@ impl<'o> Session<'o> {
         } else {
             None
         };
+        // A real token sequence for the prompts, when there is a tokenizer next to the weights.
+        let tok_dir = opts.weights.clone().unwrap_or_else(|| ma.dir.clone());
+        let text = if tok_dir.join("tokenizer.json").exists() {
+            match kern_tokenizer::Tokenizer::from_dir(&tok_dir).and_then(|t| t.encode(TEXT, false)) {
+                Ok(ids) if !ids.is_empty() => {
+                    notes.push(format!("prompts: a {}-token English text tokenized by {}", ids.len(), tok_dir.join("tokenizer.json").display()));
+                    Some(ids)
+                }
+                Ok(_) => None,
+                Err(e) => {
+                    notes.push(format!("prompts: seeded random token ids ({}: {e})", tok_dir.join("tokenizer.json").display()));
+                    None
+                }
+            }
+        } else {
+            notes.push(format!("prompts: seeded random token ids (no tokenizer.json in {})", tok_dir.display()));
+            None
+        };
         // The step scenario's sizes and the KV pool they need.
         let page_tokens = ma
             .states
@@ -248,7 +279,7 @@ impl<'o> Session<'o> {
         }
         let a = Runtime::new(ctx, ma, pa).map_err(|e| Incomparable(rt_err("A", e)))?;
         let b = Runtime::new(ctx, mb, pb).map_err(|e| Incomparable(rt_err("B", e)))?;
-        Ok(Session { a, b, an, opts, states, notes, weights, pages, page_tokens, pages_per_seq, chunk, max_seqs, vocab, base })
+        Ok(Session { a, b, an, opts, states, notes, weights, pages, page_tokens, pages_per_seq, chunk, max_seqs, vocab, base, text })
     }
 
     fn vars(&self, m: &Manifest, over: &[(&str, i64)]) -> Vec<i64> {
@@ -279,7 +310,13 @@ impl<'o> Session<'o> {
         Scheduler::new(cfg, BlockManager::new(self.pages, self.page_tokens).with_prefix_cache(false))
     }
 
+    /// Prompt `k` of `len` tokens: a window of the tokenized text (ids at or above the
+    /// vocabulary replaced), else seeded random ids.
     fn prompt(&self, len: usize, k: usize) -> Vec<u32> {
+        if let Some(t) = &self.text {
+            let start = (k * 17) % t.len();
+            return (0..len).map(|i| t[(start + i) % t.len()] % self.vocab.max(1) as u32).collect();
+        }
         let mut rng = numeric::Rng(self.opts.seed ^ (0x1234_5678 + k as u64));
         (0..len).map(|_| (rng.next_u64() % self.vocab as u64) as u32).collect()
     }
