@@ -84,6 +84,16 @@ pub fn to_f64(bytes: &[u8], dtype: DType) -> Vec<f64> {
     }
 }
 
+/// [`to_f64`] with the common float dtypes decoded directly.
+fn decode_fast(bytes: &[u8], dtype: DType) -> Vec<f64> {
+    match dtype {
+        DType::Bf16 => bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
+        DType::F16 => bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
+        DType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect(),
+        _ => to_f64(bytes, dtype),
+    }
+}
+
 /// Maps a float's bits to an integer whose order is the float order, so that neighbouring
 /// representable values differ by 1 (−0 and +0 coincide).
 fn ordered(bits: u64, width: u32) -> i128 {
@@ -113,10 +123,14 @@ pub fn compare(a: &[u8], b: &[u8], dtype: DType, tol: &Tolerance) -> Stats {
     let es = dtype.size() as usize;
     let n = a.len().min(b.len()) / es;
     let extra = (a.len().max(b.len()) / es) - n;
-    let (fa, fb) = (to_f64(&a[..n * es], dtype), to_f64(&b[..n * es], dtype));
+    let (fa, fb) = (decode_fast(&a[..n * es], dtype), decode_fast(&b[..n * es], dtype));
     let float = is_float(dtype);
-    let finite: Vec<f64> = fa.iter().copied().filter(|x| x.is_finite()).collect();
-    let rms = if finite.is_empty() { 0.0 } else { (finite.iter().map(|x| x * x).sum::<f64>() / finite.len() as f64).sqrt() };
+    let (mut sum, mut cnt) = (0.0f64, 0usize);
+    for x in fa.iter().filter(|x| x.is_finite()) {
+        sum += x * x;
+        cnt += 1;
+    }
+    let rms = if cnt == 0 { 0.0 } else { (sum / cnt as f64).sqrt() };
     let mut s = Stats { elements: n + extra, mismatches: extra, rms, ..Default::default() };
     let mut worst_score = -1.0f64;
     for i in 0..n {
