@@ -177,3 +177,24 @@ fn a_failing_interval_becomes_the_first_divergence_and_exit_1() {
     assert_eq!(json["first_divergence"]["b_calls"], "l7.input_norm");
     assert_eq!(json["verdict"], "differs");
 }
+
+#[test]
+fn every_preset_matches_itself_call_by_call() {
+    // Qwen2 binds its QKV bias to the GEMM's untyped `ptr` parameter: a weight, so only read.
+    for name in ["qwen2.5-0.5b", "qwen3-4b"] {
+        let out = std::env::temp_dir().join(format!("kern-difftest-{}-{name}", std::process::id()));
+        let path = generate(&preset(name).unwrap(), &PackOptions { kernels: kernels(), ..Default::default() }, &out).unwrap();
+        let m = load(&path, &CheckOptions::default()).unwrap_or_else(|d| panic!("{name}: {d}"));
+        let m2 = load(&path, &CheckOptions::default()).unwrap();
+        let an = analyze(&m, &m2).unwrap();
+        assert_eq!(an.matching.intervals.len(), m.programs[0].calls.len(), "{name}");
+        assert!(non_one_to_one(&an).is_empty(), "{name}");
+        assert!(an.matching.unpaired.is_empty(), "{name}");
+        if name.starts_with("qwen2") {
+            let qkv = an.calls_a.iter().find(|c| c.label == "l0.qkv_proj").unwrap();
+            let bias = an.commons.iter().position(|c| c.name == "model.layers.0.self_attn.qkv_proj.bias").unwrap();
+            assert!(qkv.reads.contains(&kern_difftest::matching::Res::Common(bias)) && !qkv.writes.contains(&kern_difftest::matching::Res::Common(bias)));
+        }
+        std::fs::remove_dir_all(&out).ok();
+    }
+}
