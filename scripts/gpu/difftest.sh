@@ -13,6 +13,7 @@
 # build/packs/qwen3 with the pack's cubins INCLUDING elementwise.sm_90a.cubin and
 # gemm_bf16.sm_90a.cubin (bash packs/qwen3/build.sh), examples/ (in the tree), python3 (stdlib).
 #   KERN=.carry/kern KERNELS=build/packs/qwen3 WORK=/tmp/kern-difftest PRESET=qwen3-0.6b
+#   KERN_TEST_ARGS="--reps 10"   (added to every kern test; e.g. to make the run shorter)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 K=${KERN:-.carry/kern}
@@ -48,7 +49,8 @@ run_case() {
   echo
   echo "================================================================ case $name: kern test $(basename "$a") $(basename "$b") $*"
   local t0=$(date +%s)
-  timeout 540 "$K" test "$a" "$b" --json-out "$W/$name.json" "$@" >"$W/$name.txt" 2>"$W/$name.err"
+  # shellcheck disable=SC2086
+  timeout 540 "$K" test "$a" "$b" --json-out "$W/$name.json" "$@" ${KERN_TEST_ARGS:-} >"$W/$name.txt" 2>"$W/$name.err"
   local rc=$?
   echo "$rc" >"$W/$name.rc"
   echo "(exit $rc after $(( $(date +%s) - t0 )) s; full report $W/$name.txt, JSON $W/$name.json)"
@@ -60,7 +62,7 @@ run_case() {
 
 run_case self "$M/model.json" "$M/model.self.json" --weights "$M"
 run_case split "$M/model.json" "$M/model.split.json" --weights "$M"
-run_case fuse "$M/model.split.json" "$M/model.json" --weights "$M" --no-perf
+run_case fuse "$M/model.split.json" "$M/model.json" --weights "$M" --no-perf --no-kernel-diff
 run_case bad-eps "$M/model.json" "$M/model.bad-eps.json" --weights "$M" --no-perf
 run_case gemm "$M/model.json" "$M/model.gemm.json" --weights "$M"
 run_case vecadd examples/vecadd/model.json examples/so-extract/model.json
@@ -83,14 +85,15 @@ def load(name):
 def check(case, what, ok, detail=""):
     rows.append((case, what, bool(ok), detail))
 
-def common(case, j, rc, want_rc):
+def common(case, j, rc, want_rc, kernel_diff=True):
     check(case, f"exit code {want_rc}", rc == want_rc, f"got {rc}; verdict {j.get('verdict')}; reason: {j.get('reason') or j.get('_error') or '-'}")
     if "_error" in j or j.get("verdict") == "incomparable" or j.get("matching") is None:
         return False
-    ops = j.get("ops", [])
-    ran = [o for o in ops if o.get("skipped") is None]
-    check(case, "kernel diff ran for every paired op", ops and all(o["checks"] > 0 for o in ran),
-          f"{len(ran)} of {len(ops)} ran; skipped: {[(o['op'], o['skipped']) for o in ops if o.get('skipped')]}")
+    if kernel_diff:
+        ops = j.get("ops", [])
+        ran = [o for o in ops if o.get("skipped") is None]
+        check(case, "kernel diff ran for every paired op", bool(ran) and all(o["checks"] > 0 for o in ran),
+              f"{len(ran)} of {len(ops)} ran; skipped: {[(o['op'], o['skipped']) for o in ops if o.get('skipped')]}")
     return True
 
 def golden_steps(j):
@@ -98,7 +101,7 @@ def golden_steps(j):
 
 def no_local_failures(case, j):
     g = golden_steps(j)
-    check(case, "interval comparison ran (prefill + decode)", len(g) >= 2 or (case == "vecadd" and len(g) >= 1), f"{[s['step'] for s in g]}")
+    check(case, "interval comparison ran (prefill + decode)", len(g) >= 2 or (case.endswith("vecadd") and len(g) >= 1), f"{[s['step'] for s in g]}")
     bad = [(s["step"], s["local_failures"], (s.get("first_local") or {}).get("a_calls")) for s in g if s["local_failures"]]
     check(case, "no interval beyond tolerance", not bad, f"{bad}")
 
@@ -139,7 +142,7 @@ if common("a self", j, rc, 0):
 for case, name, kind, al, bl in [("b split", "split", "1:2", "l5.input_norm", "l5.residual_add, l5.input_norm"),
                                  ("b fuse (reverse)", "fuse", "2:1", "l5.residual_add, l5.input_norm", "l5.input_norm")]:
     rc, j = load(name)
-    if common(case, j, rc, 0):
+    if common(case, j, rc, 0, kernel_diff=(name == "split")):
         kernel_ok(case, j)
         fs = j["matching"]["fused_or_split"]
         check(case, f"exactly one {kind} interval at layer 5", len(fs) == 1 and fs[0]["kind"] == kind and fs[0]["a_calls"] == al and fs[0]["b_calls"] == bl, f"{fs}")
