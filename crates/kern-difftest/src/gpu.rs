@@ -304,9 +304,9 @@ impl<'o> Session<'o> {
         Shape { name, step: Some(st), va, vb }
     }
 
-    fn scheduler(&self, max_tokens: usize) -> Scheduler {
+    /// A scheduler over the KV pool of both runtimes (prefix cache off: every step computes).
+    fn scheduler(&self) -> Scheduler {
         let cfg = SchedulerConfig { chunk: self.chunk, max_seqs: self.max_seqs, max_context: self.pages_per_seq * self.page_tokens, pages_per_seq: self.pages_per_seq };
-        let _ = max_tokens;
         Scheduler::new(cfg, BlockManager::new(self.pages, self.page_tokens).with_prefix_cache(false))
     }
 
@@ -342,7 +342,7 @@ impl<'o> Session<'o> {
         }
         let mut out = Vec::new();
         let one = |lens: &[usize]| -> Option<Step> {
-            let mut s = self.scheduler(1);
+            let mut s = self.scheduler();
             for (k, &l) in lens.iter().enumerate() {
                 s.add(self.prompt(l, 100 + k), SamplingParams { max_tokens: 1, ignore_eos: true, ..Default::default() }).ok()?;
             }
@@ -520,7 +520,7 @@ impl<'o> Session<'o> {
         let shapes: Vec<Shape>;
         let mut sched = None;
         if self.a.manifest.step.is_some() {
-            let mut s = self.scheduler(self.opts.decode_steps + 1);
+            let mut s = self.scheduler();
             let mc = self.max_context().saturating_sub(self.opts.decode_steps + 2).max(1);
             for (k, &l) in PROMPTS.iter().take(self.max_seqs).enumerate() {
                 let params = SamplingParams { max_tokens: self.opts.decode_steps + 1, ignore_eos: true, ..Default::default() };
