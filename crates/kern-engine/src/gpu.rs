@@ -132,8 +132,28 @@ impl GpuModel {
             Some(GpuMem::Bytes(b)) => b.min(free as u64),
             Some(GpuMem::Fraction(f)) => ((total as f64 * f) as u64).min(free as u64),
         };
-        let p = plan::plan(&m, &plan::PlanOptions { budget: Some(budget), reserve: (1u64 << 30).min(budget / 8) })
-            .map_err(|e| err(format!("{e} ({} has {} free of {})", props.name, human(free as u64), human(total as u64))))?;
+        let plan_at = |budget: u64| {
+            plan::plan(&m, &plan::PlanOptions { budget: Some(budget), reserve: (1u64 << 30).min(budget / 8) })
+                .map_err(|e| err(format!("{e} ({} has {} free of {})", props.name, human(free as u64), human(total as u64))))
+        };
+        let mut p = plan_at(budget)?;
+        // More pages than every sequence could ever hold, several times over, only cost host
+        // bookkeeping (and GPU memory): a model with a tiny per-token state would otherwise get
+        // billions of pages.
+        let seqs_max = m.step.as_ref().map_or(1, |s| m.vars[s.seqs.0].max as u64);
+        let pages_max = m.step.as_ref().map_or(1, |s| m.vars[s.pages.0].max as u64);
+        let cap = (seqs_max * pages_max * 4).max(1 << 16);
+        let page_bytes: u64 = p.states.iter().map(|s| match s {
+            StatePool::PerToken { bytes_per_token, page_tokens, .. } => bytes_per_token * u64::from(*page_tokens),
+            _ => 0,
+        }).sum();
+        let pages_now = p.states.iter().find_map(|s| match s {
+            StatePool::PerToken { pages, .. } => Some(*pages),
+            _ => None,
+        });
+        if let Some(n) = pages_now.filter(|&n| n > cap) {
+            p = plan_at(budget.saturating_sub((n - cap) * page_bytes))?;
+        }
         let (pages, page_tokens) = p
             .states
             .iter()

@@ -140,7 +140,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
     }
 
-    let want_logits = args.dump.is_some();
+    // --dump writes logits when the model has them (tokens.json either way).
+    let want_logits = args.dump.is_some() && engine.info().is_some_and(|i| i.model.logits);
     let mut handles = Vec::new();
     for (i, pr) in prompts.iter().enumerate() {
         let req = Request {
