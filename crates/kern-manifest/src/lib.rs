@@ -37,7 +37,7 @@ pub use expr::{EvalError, Expr};
 pub use kern_binary::Arch;
 pub use manifest::*;
 pub use pack::{ArgValue, PackError};
-pub use raw::{RawManifest, Role, SchemaVersion};
+pub use raw::{Collective, RawManifest, Role, SchemaVersion};
 pub use report::CheckReport;
 pub use types::{Access, DType, KernelParam, OpParam, Scalar, Value};
 
@@ -46,6 +46,8 @@ use std::path::{Path, PathBuf};
 
 /// The name of the program written as `program` (others live in `programs`).
 pub const MAIN_PROGRAM: &str = "main";
+/// The name of the rank (`0..tp`) in a weight shard's `part` expression (issue 17).
+pub const RANK_VAR: &str = "rank";
 /// Tokens per page of a per-token state when the manifest does not say (`page_tokens`).
 pub const DEFAULT_PAGE_TOKENS: u32 = 16;
 /// The largest manifest [`load`] reads by default.

@@ -8,7 +8,7 @@
 
 use crate::diag::Diagnostic;
 use crate::expr::Expr;
-use crate::raw::{Role, SchemaVersion};
+use crate::raw::{Collective, Role, SchemaVersion};
 use crate::types::{DType, KernelParam, OpParam, Value};
 use kern_binary::{Arch, Binary, Image, Kernel};
 use std::collections::HashMap;
@@ -52,7 +52,54 @@ pub struct Manifest {
     pub step: Option<Step>,
     /// What `kern check` warned about (the manifest is usable).
     pub warnings: Vec<Diagnostic>,
+    /// Tensor parallelism (`parallel`, issue 17): `None` for a single-GPU manifest.
+    pub parallel: Option<Parallel>,
     pub(crate) index: Names,
+}
+
+/// The `parallel` section: the manifest describes one rank of `tp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Parallel {
+    /// The tensor-parallel size (≥ 1).
+    pub tp: u32,
+}
+
+impl Manifest {
+    /// The tensor-parallel size: 1 without a `parallel` section.
+    pub fn tp(&self) -> u32 {
+        self.parallel.map_or(1, |p| p.tp)
+    }
+
+    /// Whether any op is a collective (the runtime must run it through NCCL).
+    pub fn has_collectives(&self) -> bool {
+        self.ops.iter().any(|o| o.collective.is_some())
+    }
+}
+
+/// One rank's slice of a checkpoint tensor: cut along `dim` into `parts` equal slices, slice
+/// `part` (an expression over the rank: `part.eval(&[rank])`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub dim: usize,
+    pub parts: u64,
+    /// Parsed with one var, the rank (index 0); `kern check` verified it lies in `0..parts`
+    /// for every rank `0..tp`.
+    pub part: Expr,
+}
+
+impl Shard {
+    /// The slice rank `rank` takes (0 when the expression cannot be evaluated, which `kern
+    /// check` rules out for every rank of the manifest's `tp`).
+    pub fn part_for(&self, rank: u32) -> Result<u64, String> {
+        let v = self
+            .part
+            .eval(&[i64::from(rank)])
+            .map_err(|e| format!("shard part `{}` at rank {rank}: {e}", self.part))?;
+        u64::try_from(v)
+            .ok()
+            .filter(|&p| p < self.parts)
+            .ok_or_else(|| format!("shard part `{}` is {v} at rank {rank}, outside 0..{}", self.part, self.parts))
+    }
 }
 
 /// Name → index maps.
@@ -115,6 +162,10 @@ pub enum WeightSource {
     },
     /// The same memory as another weight (tied embeddings); that weight has its own source.
     Alias(BufferId),
+    /// One rank's slice (issue 17): `of` is a `Tensor` (sliced along `shard.dim`) or a
+    /// `Concat` (every tensor sliced along the concatenation axis, `shard.dim`, then
+    /// concatenated; `sizes` are the slices' extents).
+    Shard { of: Box<WeightSource>, shard: Shard },
 }
 
 /// Where a module was found.
@@ -153,7 +204,10 @@ impl Module {
 pub struct Op {
     pub name: String,
     pub params: Vec<OpParam>,
+    /// Empty for a collective.
     pub launches: Vec<Launch>,
+    /// A collective across the ranks (issue 17), run through NCCL instead of launches.
+    pub collective: Option<Collective>,
 }
 
 #[derive(Clone, Debug, PartialEq)]

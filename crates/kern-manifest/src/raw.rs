@@ -54,6 +54,62 @@ pub struct RawManifest {
     /// and reads after it, for serving (`kern generate`, `kern serve`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<RawStep>,
+    /// kern 4.1 (issue 17, docs/tensor-parallel.md): tensor parallelism. The manifest then
+    /// describes one rank of `tp`; weights may take a shard of a checkpoint tensor (`shard`,
+    /// with the rank in scope as `rank`) and ops may be collectives.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<RawParallel>,
+}
+
+/// kern 4.1 (issue 17): how the model is split across GPUs.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawParallel {
+    /// The tensor-parallel size: how many ranks (GPUs) run the program together, each with its
+    /// own shard of the weights. At least 1. The rank (`0..tp`) is the value of `rank` in shard
+    /// expressions.
+    #[schemars(range(min = 1))]
+    pub tp: u32,
+}
+
+/// kern 4.1 (issue 17): one rank's part of a checkpoint tensor: the tensor cut along `dim`
+/// into `parts` equal slices, slice `part` taken.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawShard {
+    /// The dimension the tensor is cut along (0 = outermost). For a concatenation it must be
+    /// the concatenation's `axis`.
+    pub dim: u32,
+    /// How many equal slices; the tensor's extent along `dim` must divide by it.
+    #[schemars(range(min = 1))]
+    pub parts: u32,
+    /// Which slice, `0..parts`: an integer or an expression over `rank` (e.g. `"rank"`, or
+    /// `"rank / 2"` for a slice two ranks share).
+    pub part: RawExpr,
+}
+
+/// kern 4.1 (issue 17): a collective operation, run by the engine through NCCL across the
+/// `parallel` ranks instead of kernel launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Collective {
+    /// Params `["inout buffer<T>"]`: every rank's buffer becomes the element-wise sum over the
+    /// ranks (in place; the whole buffer at the run's var values).
+    AllReduceSum,
+    /// Params `["out buffer<T>", "in buffer<T>"]`: `out` becomes every rank's `in`, laid end to
+    /// end in rank order (`out` holds `tp` times `in`'s elements).
+    AllGather,
+}
+
+impl Collective {
+    pub const ALL: [Collective; 2] = [Collective::AllReduceSum, Collective::AllGather];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduceSum => "all_reduce_sum",
+            Collective::AllGather => "all_gather",
+        }
+    }
 }
 
 /// kern 4.1: the step ABI binding — ABI role → buffer name.
@@ -196,12 +252,15 @@ pub enum RawFrom {
     Alias(RawFromAlias),
 }
 
-/// `{"tensor": NAME}`.
+/// `{"tensor": NAME}` (kern 4.1, issue 17: with an optional `shard`).
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawFromTensor {
     /// The checkpoint tensor's name.
     pub tensor: String,
+    /// kern 4.1 (issue 17): take one rank's slice of the tensor (needs `parallel`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<RawShard>,
 }
 
 /// `{"concat": [NAME, …], "axis": N, "sizes": [N, …]}`.
@@ -216,6 +275,10 @@ pub struct RawFromConcat {
     /// Each part's extent along `axis`; when given, they must add up to the buffer's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sizes: Option<Vec<u64>>,
+    /// kern 4.1 (issue 17): shard every tensor along `axis` before concatenating (a fused
+    /// column-parallel QKV: this rank's q, k and v heads); `sizes` are then the shards' extents.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<RawShard>,
 }
 
 /// `{"alias": BUFFER}`.
@@ -265,12 +328,17 @@ pub struct RawOp {
     pub implementation: RawImpl,
 }
 
-/// How an op runs.
+/// How an op runs: kernel launches, or (kern 4.1, issue 17) a collective.
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("oneOf" = [{ "required": ["launches"] }, { "required": ["collective"] }]))]
 pub struct RawImpl {
     /// Kernel launches, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub launches: Vec<RawLaunch>,
+    /// kern 4.1 (issue 17): a collective across the `parallel` ranks, run through NCCL.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub collective: Option<Collective>,
 }
 
 /// One kernel launch.

@@ -404,3 +404,38 @@ fn step_abi_binding_passes_and_resolves() {
     assert_eq!(m.states[s.kv.expect("kv").0].name, "kv");
     assert_eq!(m.vars[s.pages.0].name, "pages");
 }
+
+/// Issue 17: `parallel`, weight shards (the rank in `part`) and collective ops.
+#[test]
+fn tensor_parallel_declarations() {
+    let m = check("parallel");
+    assert_eq!(m.tp(), 2);
+    assert!(m.has_collectives());
+    let w = &m.buffers[m.buffer("W").unwrap().0];
+    let Some(WeightSource::Shard { of, shard }) = &w.source else {
+        panic!("W is a shard: {:?}", w.source)
+    };
+    assert_eq!(**of, WeightSource::Tensor("w".into()));
+    assert_eq!((shard.dim, shard.parts), (0, 2));
+    assert_eq!((shard.part_for(0), shard.part_for(1)), (Ok(0), Ok(1)));
+    assert!(shard.part_for(2).is_err(), "rank 2 has no slice of 2 parts");
+    let rep = &m.buffers[m.buffer("Wrep").unwrap().0];
+    let Some(WeightSource::Shard { shard, .. }) = &rep.source else { panic!() };
+    assert_eq!((shard.part_for(0), shard.part_for(1)), (Ok(0), Ok(0)));
+    let qk = &m.buffers[m.buffer("WQK").unwrap().0];
+    let Some(WeightSource::Shard { of, .. }) = &qk.source else { panic!() };
+    assert!(matches!(**of, WeightSource::Concat { axis: 0, .. }));
+    let ar = &m.ops[m.op("all_reduce").unwrap().0];
+    assert_eq!(ar.collective, Some(kern_manifest::Collective::AllReduceSum));
+    assert!(ar.launches.is_empty());
+    assert_eq!(m.programs[0].launches(&m), 1, "collectives are not kernel launches");
+    // A single-GPU manifest has none of it.
+    let one = check("vecadd");
+    assert_eq!((one.tp(), one.has_collectives(), one.parallel), (1, false, None));
+    // The raw types serialize back to what was read.
+    let text = std::fs::read_to_string(manifests().join("parallel/model.json")).unwrap();
+    let raw = parse_raw(text.as_bytes(), "parallel").unwrap();
+    let again = serde_json::to_value(&raw).unwrap();
+    let orig: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(again, orig);
+}

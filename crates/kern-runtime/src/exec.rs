@@ -89,6 +89,16 @@ impl Runtime {
     /// Allocates the plan's memory, loads every module once, resolves and cross-checks every
     /// entry against the driver's view of its parameters, and prepares every program.
     pub fn new(ctx: &Context, manifest: Manifest, plan: MemoryPlan) -> Result<Runtime> {
+        // One GPU runs one rank and no collectives: a tensor-parallel manifest (issue 17) run
+        // here would skip its all-reduces and compute garbage silently.
+        if manifest.tp() > 1 || manifest.has_collectives() {
+            return Err(RuntimeError::Mismatch(format!(
+                "{}: the manifest declares tensor parallelism (tp = {}{}); this runtime drives one GPU without NCCL: run it on the tensor-parallel runtime (docs/tensor-parallel.md)",
+                manifest.file.display(),
+                manifest.tp(),
+                if manifest.has_collectives() { ", collective ops" } else { "" }
+            )));
+        }
         let stream = ctx.stream()?;
         let arena = ctx
             .alloc_zeroed(plan.arena_bytes.max(256) as usize)

@@ -74,6 +74,11 @@ pub enum WeightsError {
     #[error("buffers.{buffer}: {message}")]
     Concat { buffer: String, message: String },
 
+    /// A shard (one rank's slice, issue 17) does not fit: the tensor does not divide into the
+    /// parts, or a slice is not the buffer's shape.
+    #[error("buffers.{buffer}: {message}")]
+    Shard { buffer: String, message: String },
+
     /// The checkpoint tensor's dtype cannot be turned into the buffer's.
     #[error("buffers.{buffer}: checkpoint tensor `{tensor}` is {got}, the manifest declares {want}, and kern converts only between bf16, f16, f32 and f64 ({})", file.display())]
     DType {

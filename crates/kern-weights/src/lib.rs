@@ -17,6 +17,11 @@
 //!    memory. bf16, f16, f32 and f64 convert into each other (round to nearest even) when the
 //!    checkpoint's dtype is not the manifest's; other dtypes must match exactly.
 //!
+//! A shard source (issue 17, tensor parallelism) takes one rank's slice of a tensor, or of
+//! every tensor of a concatenation: cut along a dimension into equal parts ([`check_rank`],
+//! [`materialize_rank`], [`LoadPlan::for_rank`]; the plain functions are rank 0). A tensor
+//! whose extent does not divide into the parts is an error naming it, its extent and the parts.
+//!
 //! Aliases are never loaded: [`alias_of`] says which buffer's memory an alias shares.
 //!
 //! GGUF ([`gguf`]): one `.gguf` file (or a directory holding exactly one) opens like a
@@ -37,6 +42,7 @@ mod suggest;
 pub use checkpoint::{Checkpoint, TensorView, INDEX_FILE, SINGLE_FILE};
 pub use error::{Result, WeightsError};
 pub use load::{
-    alias_of, check, is_loaded, materialize, unused_tensors, Chunk, LoadPlan, Progress,
+    alias_of, check, check_rank, is_loaded, materialize, materialize_rank, unused_tensors, Chunk,
+    LoadPlan, Progress,
     DEFAULT_CHUNK_BYTES,
 };

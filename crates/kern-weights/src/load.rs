@@ -5,7 +5,7 @@
 use crate::checkpoint::Checkpoint;
 use crate::convert::{convert_source, Source};
 use crate::error::{Result, WeightsError};
-use crate::resolve::{resolve, Resolved};
+use crate::resolve::{resolve_rank, Resolved};
 use kern_manifest::{Buffer, BufferId, Manifest, Role, WeightSource};
 
 /// The default size of one streamed chunk: large enough that per-copy overheads vanish, small
@@ -33,11 +33,18 @@ pub fn is_loaded(buffer: &Buffer) -> bool {
 /// Every problem between the manifest's weights and the checkpoint (missing, misshaped and
 /// wrongly typed tensors, concatenations that do not add up), in manifest order. Empty when
 /// every weight can be loaded. Run it before allocating device memory.
+/// Shard sources take rank 0's slice ([`check_rank`] for another rank).
 pub fn check(ckpt: &Checkpoint, buffers: &[Buffer]) -> Vec<WeightsError> {
+    check_rank(ckpt, buffers, 0)
+}
+
+/// [`check`] for tensor-parallel rank `rank` (issue 17): shard sources take that rank's slice,
+/// and a tensor that does not divide into its parts is a problem.
+pub fn check_rank(ckpt: &Checkpoint, buffers: &[Buffer], rank: u32) -> Vec<WeightsError> {
     let mut problems = vec![];
     let mut unknown = 0;
     for b in buffers.iter().filter(|b| is_loaded(b)) {
-        if let Err(mut p) = resolve(ckpt, b, unknown < SUGGEST_FOR) {
+        if let Err(mut p) = resolve_rank(ckpt, b, rank, unknown < SUGGEST_FOR) {
             unknown += p
                 .iter()
                 .filter(|e| matches!(e, WeightsError::UnknownTensor { .. }))
@@ -57,13 +64,7 @@ pub fn unused_tensors<'c>(ckpt: &'c Checkpoint, buffers: &[Buffer]) -> Vec<&'c s
             None => {
                 used.insert(b.name.as_str());
             }
-            Some(WeightSource::Tensor(t)) => {
-                used.insert(t.as_str());
-            }
-            Some(WeightSource::Concat { tensors, .. }) => {
-                used.extend(tensors.iter().map(String::as_str))
-            }
-            Some(WeightSource::Alias(_)) => {}
+            Some(s) => used.extend(tensor_names(s)),
         }
     }
     ckpt.names()
@@ -72,11 +73,26 @@ pub fn unused_tensors<'c>(ckpt: &'c Checkpoint, buffers: &[Buffer]) -> Vec<&'c s
         .collect()
 }
 
+/// The checkpoint tensors a source reads.
+fn tensor_names(s: &WeightSource) -> Vec<&str> {
+    match s {
+        WeightSource::Tensor(t) => vec![t.as_str()],
+        WeightSource::Concat { tensors, .. } => tensors.iter().map(String::as_str).collect(),
+        WeightSource::Alias(_) => vec![],
+        WeightSource::Shard { of, .. } => tensor_names(of),
+    }
+}
+
 /// Fills `out` (exactly the buffer's size) with weight `buffer`: its checkpoint tensor, or its
 /// tensors concatenated, converted to the buffer's dtype. Converts straight into `out`, with no
-/// other copy of the tensor.
+/// other copy of the tensor. Shard sources take rank 0's slice ([`materialize_rank`]).
 pub fn materialize(ckpt: &Checkpoint, buffer: &Buffer, out: &mut [u8]) -> Result<()> {
-    let r = resolve(ckpt, buffer, true).map_err(|p| one_or_all(ckpt, p))?;
+    materialize_rank(ckpt, buffer, 0, out)
+}
+
+/// [`materialize`] for tensor-parallel rank `rank`: a shard source takes that rank's slice.
+pub fn materialize_rank(ckpt: &Checkpoint, buffer: &Buffer, rank: u32, out: &mut [u8]) -> Result<()> {
+    let r = resolve_rank(ckpt, buffer, rank, true).map_err(|p| one_or_all(ckpt, p))?;
     if out.len() as u64 != r.bytes {
         return Err(WeightsError::Buffer {
             buffer: buffer.name.clone(),
@@ -141,7 +157,13 @@ impl<'c> LoadPlan<'c> {
     /// Checks every weight of `buffers` (a manifest's, in declaration order; aliases are
     /// skipped) against `ckpt`. Fails with [`WeightsError::Problems`] listing every problem.
     pub fn new(ckpt: &'c Checkpoint, buffers: &'c [Buffer]) -> Result<LoadPlan<'c>> {
-        let problems = check(ckpt, buffers);
+        Self::for_rank(ckpt, buffers, 0)
+    }
+
+    /// [`LoadPlan::new`] for tensor-parallel rank `rank` (issue 17): shard sources take that
+    /// rank's slice. `new` is rank 0.
+    pub fn for_rank(ckpt: &'c Checkpoint, buffers: &'c [Buffer], rank: u32) -> Result<LoadPlan<'c>> {
+        let problems = check_rank(ckpt, buffers, rank);
         if !problems.is_empty() {
             return Err(WeightsError::Problems {
                 checkpoint: ckpt.path().to_path_buf(),
@@ -150,7 +172,7 @@ impl<'c> LoadPlan<'c> {
         }
         let mut items = vec![];
         for (i, b) in buffers.iter().enumerate().filter(|(_, b)| is_loaded(b)) {
-            let r = resolve(ckpt, b, false).map_err(|p| one_or_all(ckpt, p))?;
+            let r = resolve_rank(ckpt, b, rank, false).map_err(|p| one_or_all(ckpt, p))?;
             items.push((BufferId(i), r));
         }
         let total = items.iter().map(|(_, r)| r.bytes).sum();

@@ -16,14 +16,20 @@ pub(crate) struct Resolved<'c> {
     /// Elements before the axis (product of the outer dimensions) and after it.
     outer: u64,
     inner: u64,
+    /// Whether parts are cut per outer index (a concatenation or a shard), not taken whole.
+    sliced: bool,
 }
 
 #[derive(Debug)]
 struct Part<'c> {
     view: TensorView<'c>,
     source: Source,
-    /// Extent along the concatenation axis.
+    /// Extent along the concatenation (or shard) axis, in the buffer.
     extent: u64,
+    /// The tensor's own extent along that axis, and where this part's slice of it starts (a
+    /// shard takes `extent` of `full` from `start`; otherwise `start` = 0, `full` = `extent`).
+    full: u64,
+    start: u64,
 }
 
 impl<'c> Resolved<'c> {
@@ -31,17 +37,21 @@ impl<'c> Resolved<'c> {
     /// are the buffer's bytes in row-major order. Concatenating along axis 0 is one slice per
     /// part; along axis k, each part contributes one block per index of the outer k
     /// dimensions, interleaved.
+    /// A shard takes, per outer index, its slice of the tensor's run along the axis.
     pub fn segments(&self) -> impl Iterator<Item = (&'c [u8], Source)> + '_ {
-        let whole = self.parts.len() == 1;
+        let whole = !self.sliced;
         let outer = if whole { 1 } else { self.outer };
         (0..outer).flat_map(move |o| {
             self.parts.iter().map(move |p| {
                 if whole {
                     return (p.view.data, p.source);
                 }
-                // resolve() checked that this is a whole number of units.
+                // resolve() checked that these are whole numbers of units inside the tensor.
                 let block = p.source.bytes_for(p.extent * self.inner).expect("whole units") as usize;
-                let start = o as usize * block;
+                let start = p
+                    .source
+                    .bytes_for((o * p.full + p.start) * self.inner)
+                    .expect("whole units") as usize;
                 (&p.view.data[start..start + block], p.source)
             })
         })
@@ -66,9 +76,11 @@ pub(crate) fn constant_shape(b: &Buffer) -> Result<Vec<u64>, WeightsError> {
 
 /// Checks buffer `b` against the checkpoint; on failure, every problem found.
 /// `suggest` = false leaves similar-name suggestions out of missing-tensor errors.
-pub(crate) fn resolve<'c>(
+/// A shard source takes rank `rank`'s slice.
+pub(crate) fn resolve_rank<'c>(
     ckpt: &'c Checkpoint,
     b: &Buffer,
+    rank: u32,
     suggest: bool,
 ) -> Result<Resolved<'c>, Vec<WeightsError>> {
     let fail = |message: String| {
@@ -103,16 +115,39 @@ pub(crate) fn resolve<'c>(
             &default
         }
     };
+    let shard_err = |message: String| WeightsError::Shard {
+        buffer: b.name.clone(),
+        message,
+    };
+    // (dim, parts, this rank's part)
+    let (source, shard) = match source {
+        WeightSource::Shard { of, shard } => {
+            let part = shard.part_for(rank).map_err(|m| vec![shard_err(m)])?;
+            (&**of, Some((shard.dim, shard.parts, part)))
+        }
+        s => (s, None),
+    };
     let (names, axis, sizes): (&[String], usize, Option<&[u64]>) = match source {
+        WeightSource::Shard { .. } => {
+            return Err(fail("a shard of a shard: kern cuts a tensor or a concatenation once".into()))
+        }
         WeightSource::Alias(_) => {
             return Err(fail(
                 "the buffer is an alias: it shares another weight's memory, and nothing is loaded into it".into(),
             ))
         }
-        WeightSource::Tensor(name) => (std::slice::from_ref(name), 0, None),
+        WeightSource::Tensor(name) => (std::slice::from_ref(name), shard.map_or(0, |s| s.0), None),
         WeightSource::Concat { tensors, axis, sizes } => (tensors, *axis, sizes.as_deref()),
     };
     let concat = matches!(source, WeightSource::Concat { .. });
+    if let Some((dim, parts, _)) = shard {
+        if dim >= shape.len() || dim != axis || parts == 0 {
+            return Err(vec![shard_err(format!(
+                "a shard along dimension {dim} in {parts} parts does not fit the shape {} (a concatenation is cut along its axis {axis})",
+                dims(&shape)
+            ))]);
+        }
+    }
     let concat_err = |message: String| WeightsError::Concat {
         buffer: b.name.clone(),
         message,
@@ -170,8 +205,38 @@ pub(crate) fn resolve<'c>(
             }
         };
         let got = view.dims();
+        // A shard: the tensor's extent along the axis must divide into the parts; the slice
+        // then stands for the tensor in the checks below.
+        let mut cut = got.clone();
+        let mut slice = (0, got.get(axis).copied().unwrap_or(1));
+        if let Some((dim, parts, part)) = shard {
+            let Some(&full) = got.get(dim) else {
+                problems.push(shard_err(format!(
+                    "checkpoint tensor `{name}` has shape {}, with no dimension {dim} to cut",
+                    dims(&got)
+                )));
+                continue;
+            };
+            if full % parts != 0 {
+                problems.push(shard_err(format!(
+                    "checkpoint tensor `{name}` is {full} long along dimension {dim}, which does not divide into {parts} parts: change `parts` (a divisor of {full}) or the tensor-parallel size"
+                )));
+                continue;
+            }
+            cut[dim] = full / parts;
+            slice = (part * cut[dim], full);
+        }
+        let got = cut;
         if !concat {
             if got != shape {
+                if shard.is_some() {
+                    problems.push(shard_err(format!(
+                        "the slice of checkpoint tensor `{name}` has shape {}, the manifest declares {}",
+                        dims(&got),
+                        dims(&shape)
+                    )));
+                    continue;
+                }
                 problems.push(WeightsError::Shape {
                     buffer: b.name.clone(),
                     tensor: name.clone(),
@@ -212,16 +277,20 @@ pub(crate) fn resolve<'c>(
                 }
             }
         }
-        let extent = if concat { got[axis] } else { 1 };
-        if concat && axis > 0 {
-            // Each outer index takes `extent × inner` elements of this tensor: with blocks,
-            // that must be whole blocks.
+        let sliced = concat || shard.is_some();
+        let extent = if sliced { got[axis] } else { 1 };
+        let (start, full) = if shard.is_some() { slice } else { (0, extent) };
+        if sliced && (axis > 0 || start > 0) {
+            // Each outer index takes `extent × inner` elements of this tensor from `start ×
+            // inner` on: with blocks, those must be whole blocks.
             let inner: u64 = shape[axis + 1..].iter().product();
-            if source.bytes_for(extent * inner).is_none() {
+            if source.bytes_for(extent * inner).is_none() || source.bytes_for(start * inner).is_none() {
                 problems.push(concat_err(format!(
-                    "checkpoint tensor `{name}` is {} in blocks of {} elements, which a concatenation along axis {axis} would cut: concatenate along axis 0",
+                    "checkpoint tensor `{name}` is {} in blocks of {} elements, which a {} along axis {axis} would cut: {}",
                     view.file_dtype,
-                    source.unit_elems()
+                    source.unit_elems(),
+                    if shard.is_some() { "shard" } else { "concatenation" },
+                    if shard.is_some() { "shard along another dimension, or load a checkpoint without blocks" } else { "concatenate along axis 0" }
                 )));
                 continue;
             }
@@ -230,6 +299,8 @@ pub(crate) fn resolve<'c>(
             view,
             source,
             extent,
+            full,
+            start,
         });
     }
     if problems.is_empty() && concat {
@@ -251,6 +322,7 @@ pub(crate) fn resolve<'c>(
     Ok(Resolved {
         dtype: b.dtype,
         bytes,
+        sliced: parts.len() > 1 || shard.is_some(),
         parts,
         outer,
         inner,

@@ -36,6 +36,8 @@ pub(crate) struct Checker<'a> {
     modules: Vec<Option<Module>>,
     modules_used: Vec<bool>,
     ops: Vec<Op>,
+    /// The `parallel` section, when declared and valid.
+    parallel: Option<Parallel>,
 }
 
 /// Checks a decoded manifest. `Err(())` when any error was reported into `sink`.
@@ -62,6 +64,7 @@ pub(crate) fn check(
         modules: vec![],
         modules_used: vec![],
         ops: vec![],
+        parallel: None,
     };
     let root = JsonPath::root();
     if raw.model.trim().is_empty() {
@@ -70,6 +73,7 @@ pub(crate) fn check(
             "the model's name is empty: name the model",
         );
     }
+    c.parallel();
     c.vars();
     c.states();
     c.buffers();
@@ -105,9 +109,14 @@ pub(crate) fn check(
         programs,
         step,
         warnings: vec![],
+        parallel: c.parallel,
         index: c.names,
     })
 }
+
+/// The largest tensor-parallel size `kern check` accepts.
+pub(crate) const MAX_TP: u32 = 4096;
+use crate::RANK_VAR as RANK;
 
 fn is_ident(s: &str) -> bool {
     let mut ch = s.chars();
@@ -163,6 +172,84 @@ impl Checker<'_> {
             .map_err(|err| self.sink.error(path, format!("{err} when every var is 1")))
             .ok()?;
         Some((max, min))
+    }
+
+    fn parallel(&mut self) {
+        let Some(par) = &self.raw.parallel else {
+            return;
+        };
+        let p = self.section("parallel").field("tp");
+        if par.tp == 0 || par.tp > MAX_TP {
+            self.sink.error(
+                &p,
+                format!("the tensor-parallel size is 1 to {MAX_TP}, not {}", par.tp),
+            );
+            // A stand-in, so shards and collectives are still checked.
+            self.parallel = Some(Parallel { tp: 1 });
+        } else {
+            self.parallel = Some(Parallel { tp: par.tp });
+        }
+    }
+
+    /// A `shard` on a weight source: `base` is the tensor or concatenation it cuts; `axis` the
+    /// concatenation's axis.
+    fn shard(
+        &mut self,
+        sh: &crate::raw::RawShard,
+        base: WeightSource,
+        b: &crate::raw::RawBuffer,
+        axis: Option<usize>,
+        p: &JsonPath,
+    ) -> WeightSource {
+        let dim = sh.dim as usize;
+        let Some(par) = self.parallel else {
+            self.sink.error(p, "a shard is one rank's slice of a tensor: declare the ranks with \"parallel\": {\"tp\": N} at the top level");
+            return base;
+        };
+        if dim >= b.shape.len() {
+            self.sink.error(
+                &p.field("dim"),
+                format!("dimension {dim} does not exist: the buffer has {} dimensions", b.shape.len()),
+            );
+        } else if let Some(axis) = axis.filter(|&a| a != dim) {
+            self.sink.error(&p.field("dim"), format!("a sharded concatenation is cut along its axis: set `dim` to {axis} (or shard the tensors of a concatenation along axis {dim})"));
+        }
+        if sh.parts == 0 {
+            self.sink.error(&p.field("parts"), "a tensor is cut into at least 1 part");
+        }
+        let pp = p.field("part");
+        let part = match &sh.part {
+            RawExpr::Int(i) => Some(Expr::constant(*i)),
+            RawExpr::Text(t) => match Expr::parse(t, |n| (n == RANK).then_some(0)) {
+                Ok(e) => Some(e),
+                Err(crate::expr::ParseError::UndeclaredVars { names, .. }) => {
+                    self.sink.error(&pp, format!("`{}` is not known here: a shard's part is an expression over `{RANK}` (the rank, 0 to tp-1) alone", names[0]));
+                    None
+                }
+                Err(e) => {
+                    self.sink.error(&pp, e.to_string());
+                    None
+                }
+            },
+        };
+        let Some(part) = part else { return base };
+        let shard = Shard {
+            dim,
+            parts: u64::from(sh.parts),
+            part,
+        };
+        if sh.parts > 0 {
+            for rank in 0..par.tp {
+                if let Err(e) = shard.part_for(rank) {
+                    self.sink.error(&pp, format!("{e}: every rank of tp = {} needs a slice in 0..{}", par.tp, sh.parts));
+                    break;
+                }
+            }
+        }
+        WeightSource::Shard {
+            of: Box::new(base),
+            shard,
+        }
     }
 
     fn vars(&mut self) {
@@ -315,9 +402,22 @@ impl Checker<'_> {
                         self.sink
                             .error(&p.field("from").field("tensor"), "the tensor name is empty");
                     }
-                    Some(WeightSource::Tensor(t.tensor.clone()))
+                    let base = WeightSource::Tensor(t.tensor.clone());
+                    Some(match &t.shard {
+                        Some(sh) => self.shard(sh, base, b, None, &p.field("from").field("shard")),
+                        None => base,
+                    })
                 }
-                (Some(RawFrom::Concat(c)), _) => Some(self.concat(c, b, &p.field("from"))),
+                (Some(RawFrom::Concat(c)), _) => {
+                    let base = self.concat(c, b, &p.field("from"));
+                    Some(match &c.shard {
+                        Some(sh) => {
+                            let axis = c.axis.unwrap_or(0) as usize;
+                            self.shard(sh, base, b, Some(axis), &p.field("from").field("shard"))
+                        }
+                        None => base,
+                    })
+                }
                 // Resolved once every buffer is known.
                 (Some(RawFrom::Alias(_)), _) => Some(WeightSource::Alias(BufferId(usize::MAX))),
                 (None, _) => None,

@@ -6,8 +6,13 @@ use crate::diag::{did_you_mean, JsonPath};
 use crate::expr::Expr;
 use crate::kernel;
 use crate::manifest::*;
-use crate::raw::{RawConst, RawExpr, RawFieldValue, RawLaunch, RawLaunchArg, RawOp};
-use crate::types::{KernelParam, OpParam, Scalar, Value};
+use crate::raw::{Collective, RawConst, RawExpr, RawFieldValue, RawLaunch, RawLaunchArg, RawOp};
+use crate::types::{Access, DType, KernelParam, OpParam, Scalar, Value};
+
+/// Element types NCCL reduces and moves (`ncclDataType_t`; fp8 since NCCL 2.24).
+pub(crate) fn nccl_dtype(d: DType) -> bool {
+    !matches!(d, DType::I16 | DType::U16 | DType::Bool)
+}
 
 /// CUDA's parameter space since 12.1 on Volta and newer.
 const MAX_PARAM_BYTES: u32 = 32_764;
@@ -57,6 +62,15 @@ impl Checker<'_> {
     }
 
     fn op(&mut self, name: &str, op: &RawOp, p: &JsonPath) -> Op {
+        if let Some(c) = op.implementation.collective {
+            self.collective(c, op, p);
+            return Op {
+                name: name.to_string(),
+                params: op.params.clone(),
+                launches: vec![],
+                collective: Some(c),
+            };
+        }
         let mut used = vec![false; op.params.len()];
         let mut launches = vec![];
         let lp = p.field("impl").field("launches");
@@ -80,6 +94,43 @@ impl Checker<'_> {
             name: name.to_string(),
             params: op.params.clone(),
             launches,
+            collective: None,
+        }
+    }
+
+    /// A collective op: the ranks declared, no launches, and the collective's own signature.
+    fn collective(&mut self, c: Collective, op: &RawOp, p: &JsonPath) {
+        let ip = p.field("impl");
+        if !op.implementation.launches.is_empty() {
+            self.sink.error(&ip, "an op's impl has either `launches` or `collective`, not both: remove one");
+        }
+        if self.parallel.is_none() {
+            self.sink.error(&ip.field("collective"), format!("`{}` runs across ranks: declare them with \"parallel\": {{\"tp\": N}} at the top level", c.name()));
+        }
+        let (want, sig): (&[Access], &str) = match c {
+            Collective::AllReduceSum => (&[Access::InOut], "[\"inout buffer<T>\"]"),
+            Collective::AllGather => (&[Access::Out, Access::In], "[\"out buffer<T>\", \"in buffer<T>\"]"),
+        };
+        let pp = p.field("params");
+        let shape_ok = op.params.len() == want.len()
+            && op.params.iter().zip(want).all(|(t, a)| matches!(t, OpParam::Buffer { access, .. } if access == a));
+        if !shape_ok {
+            self.sink.error(&pp, format!("`{}` takes {sig} (T one element type), the op declares [{}]", c.name(), op.params.iter().map(|t| format!("\"{t}\"")).collect::<Vec<_>>().join(", ")));
+            return;
+        }
+        let dtypes: Vec<DType> = op
+            .params
+            .iter()
+            .filter_map(|t| match t {
+                OpParam::Buffer { dtype, .. } => Some(*dtype),
+                _ => None,
+            })
+            .collect();
+        if dtypes.iter().any(|d| *d != dtypes[0]) {
+            self.sink.error(&pp, format!("`{}` gathers into a buffer of the same element type: the params are {} and {}", c.name(), dtypes[0], dtypes[1]));
+        }
+        if !nccl_dtype(dtypes[0]) {
+            self.sink.error(&pp.index(0), format!("NCCL has no {} type: collectives take bf16, f16, f32, f64, i8, u8, i32, u32, i64, u64, f8e4m3 or f8e5m2", dtypes[0]));
         }
     }
 

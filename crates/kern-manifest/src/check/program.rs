@@ -93,6 +93,9 @@ impl Checker<'_> {
             if !ok {
                 continue;
             }
+            if self.ops[op].collective == Some(crate::raw::Collective::AllGather) {
+                self.all_gather(&args, &cp.field("args"));
+            }
             calls.push((
                 i,
                 Call {
@@ -106,6 +109,33 @@ impl Checker<'_> {
         Program {
             name: name.to_string(),
             calls: calls.into_iter().map(|(_, c)| c).collect(),
+        }
+    }
+
+    /// An all-gather's `out` holds `tp` times `in`'s elements (at every var's max and at 1), and
+    /// is another buffer.
+    fn all_gather(&mut self, args: &[Binding], p: &JsonPath) {
+        let (Some(Binding::Buf(out)), Some(Binding::Buf(inp))) = (args.first(), args.get(1)) else {
+            return;
+        };
+        // Without `parallel` the op has been reported already.
+        let Some(par) = self.parallel else { return };
+        let tp = i128::from(par.tp);
+        if out == inp {
+            self.sink.error(p, "an all-gather writes every rank's part into `out`: bind another buffer than `in`");
+            return;
+        }
+        for (vars, when) in [(&self.at_max, "at the vars' max"), (&self.at_min, "when every var is 1")] {
+            let elems = |b: &Buffer| -> Option<i128> {
+                b.shape.iter().try_fold(1i128, |acc, e| Some(acc * i128::from(e.eval(vars).ok()?)))
+            };
+            let (o, i) = (&self.buffers[out.0], &self.buffers[inp.0]);
+            if let (Some(eo), Some(ei)) = (elems(o), elems(i)) {
+                if eo != tp * ei {
+                    self.sink.error(&p.index(0), format!("`{}` has {eo} elements {when}, and an all-gather over tp = {tp} of `{}` ({ei} elements) fills {}: size `out` to tp × `in`", o.name, i.name, tp * ei));
+                    return;
+                }
+            }
         }
     }
 

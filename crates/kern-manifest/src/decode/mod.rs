@@ -149,6 +149,10 @@ pub(crate) fn decode(doc: &Json, sink: &mut Sink) -> Option<Decoded> {
         d.ext(&p, "`step`");
         d.step(v, &p)
     });
+    let parallel = o.get("parallel").and_then(|(v, p)| {
+        d.ext(&p, "`parallel`");
+        d.parallel(v, &p)
+    });
     o.finish(&mut d);
 
     let declared = version.unwrap_or(SchemaVersion::LATEST);
@@ -180,6 +184,7 @@ pub(crate) fn decode(doc: &Json, sink: &mut Sink) -> Option<Decoded> {
         program,
         programs,
         step,
+        parallel,
     };
     Some(Decoded {
         raw,
@@ -470,6 +475,36 @@ impl Dec<'_> {
         Some(RawStep { abi: abi?, buffers: buffers?, kv })
     }
 
+    fn parallel(&mut self, v: &Json, path: &JsonPath) -> Option<RawParallel> {
+        let mut o = self.obj(v, path, "the parallel section")?;
+        let tp = self
+            .req(&mut o, "tp", "N (the tensor-parallel size)")
+            .and_then(|(v, p)| self.u32(v, &p));
+        o.finish(self);
+        Some(RawParallel { tp: tp? })
+    }
+
+    /// `{"dim": D, "parts": N, "part": EXPR}`.
+    fn shard(&mut self, v: &Json, path: &JsonPath) -> Option<RawShard> {
+        self.ext(path, "`shard`");
+        let mut o = self.obj(v, path, "a shard")?;
+        let dim = self
+            .req(&mut o, "dim", "D (the dimension to cut along)")
+            .and_then(|(v, p)| self.u32(v, &p));
+        let parts = self
+            .req(&mut o, "parts", "N (how many slices)")
+            .and_then(|(v, p)| self.u32(v, &p));
+        let part = self
+            .req(&mut o, "part", "\"rank\" (which slice)")
+            .and_then(|(v, p)| self.expr(v, &p));
+        o.finish(self);
+        Some(RawShard {
+            dim: dim?,
+            parts: parts?,
+            part: part?,
+        })
+    }
+
     fn state(&mut self, v: &Json, path: &JsonPath) -> Option<RawState> {
         let mut o = self.obj(v, path, "a state")?;
         let per_token = o.get("bytes_per_token").and_then(|(v, p)| self.u64(v, &p));
@@ -567,8 +602,15 @@ impl Dec<'_> {
         let mut o = self.obj(v, path, "a weight source")?;
         let out = if has("tensor") {
             let t = o.get("tensor").and_then(|(v, p)| self.string(v, &p));
+            let shard = o.get("shard").map(|(v, p)| self.shard(v, &p));
             o.finish(self);
-            RawFrom::Tensor(RawFromTensor { tensor: t? })
+            RawFrom::Tensor(RawFromTensor {
+                tensor: t?,
+                shard: match shard {
+                    Some(s) => Some(s?),
+                    None => None,
+                },
+            })
         } else if has("concat") {
             let parts = o.get("concat").and_then(|(v, p)| {
                 self.list(v, &p, "a list of tensor names", |d, v, p| d.string(v, p))
@@ -577,6 +619,7 @@ impl Dec<'_> {
             let sizes = o
                 .get("sizes")
                 .and_then(|(v, p)| self.list(v, &p, "a list of sizes", |d, v, p| d.u64(v, p)));
+            let shard = o.get("shard").map(|(v, p)| self.shard(v, &p));
             let axis_ok = !o.has("axis") || axis.is_some();
             let sizes_ok = !o.has("sizes") || sizes.is_some();
             o.finish(self);
@@ -587,6 +630,10 @@ impl Dec<'_> {
                 concat: parts?,
                 axis,
                 sizes,
+                shard: match shard {
+                    Some(s) => Some(s?),
+                    None => None,
+                },
             })
         } else if has("alias") {
             let a = o.get("alias").and_then(|(v, p)| self.string(v, &p));
@@ -636,12 +683,35 @@ impl Dec<'_> {
             .req(&mut o, "impl", "{\"launches\": […]}")
             .and_then(|(v, p)| {
                 let mut io = self.obj(v, &p, "an op's impl")?;
-                let launches = self.req(&mut io, "launches", "[{…}]").and_then(|(v, p)| {
-                    self.list(v, &p, "a list of launches", |d, v, p| d.launch(v, p))
+                let collective = io.get("collective").and_then(|(v, p)| {
+                    self.ext(&p, "`collective`");
+                    let s = self.string(v, &p)?;
+                    let c = Collective::ALL.into_iter().find(|c| c.name() == s);
+                    if c.is_none() {
+                        let names = Collective::ALL.map(Collective::name);
+                        let hint = did_you_mean(&s, names);
+                        self.sink.error(
+                            &p,
+                            format!("`{s}` is not a collective{hint}; kern has {}", list(&names)),
+                        );
+                    }
+                    c
                 });
+                let has_collective = io.has("collective");
+                let launches = if has_collective && !io.has("launches") {
+                    Some(vec![])
+                } else {
+                    self.req(&mut io, "launches", "[{…}]").and_then(|(v, p)| {
+                        self.list(v, &p, "a list of launches", |d, v, p| d.launch(v, p))
+                    })
+                };
                 io.finish(self);
+                if has_collective && collective.is_none() {
+                    return None;
+                }
                 Some(RawImpl {
                     launches: launches?,
+                    collective,
                 })
             });
         o.finish(self);
