@@ -42,6 +42,11 @@ pub struct Args {
     /// Tokens per KV-cache page.
     #[arg(long, default_value_t = 16)]
     page_tokens: u64,
+    /// Tensor parallelism: write the manifest of one rank of N (heads and intermediate size
+    /// divided across ranks, an all-reduce after the O and down projections;
+    /// docs/tensor-parallel.md). `--tp 1` keeps the collectives over a world of one.
+    #[arg(long)]
+    tp: Option<u64>,
 }
 
 fn model_type(config: &Path) -> Result<String> {
@@ -62,6 +67,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_seqs: args.max_seqs,
         max_context: args.max_context,
         page_tokens: args.page_tokens,
+        tp: args.tp,
     };
     if let Some(file) = &args.gguf {
         return run_gguf(file, &opts, &args.out);
@@ -97,7 +103,8 @@ fn run_gguf(file: &Path, opts: &kern_pack_qwen3::PackOptions, out: &Path) -> Res
     let m = crate::check::load(&path, kern_binary::Arch::new(90))?;
     // Every weight must load from the file as the runtime will open it: through DIR.
     let in_dir = kern_weights::Checkpoint::open(out).with_context(|| format!("{}: the packed directory's weights", out.display()))?;
-    let problems = kern_weights::check(&in_dir, &m.buffers);
+    // Every rank's slices (one rank without tensor parallelism).
+    let problems: Vec<_> = (0..m.tp()).flat_map(|rank| kern_weights::check_rank(&in_dir, &m.buffers, rank)).collect();
     if !problems.is_empty() {
         let lines: Vec<String> = problems.iter().map(|e| e.to_string()).collect();
         bail!("{}: the GGUF tensors do not fit the manifest:\n  {}", file.display(), lines.join("\n  "));

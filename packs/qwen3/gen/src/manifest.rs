@@ -24,11 +24,16 @@ pub struct PackOptions {
     pub max_context: u64,
     /// Tokens per KV page.
     pub page_tokens: u64,
+    /// Tensor parallelism (issue 17, docs/tensor-parallel.md): `Some(t)` writes the manifest
+    /// of one rank of `t` (Megatron-style: column-parallel QKV and gate-up, row-parallel O and
+    /// down, an all-reduce after each); `Some(1)` is a world of one with the collectives kept.
+    /// `None`: the single-GPU manifest, unchanged.
+    pub tp: Option<u64>,
 }
 
 impl Default for PackOptions {
     fn default() -> Self {
-        PackOptions { kernels: PathBuf::from("build/packs/qwen3"), max_tokens: 512, max_seqs: 64, max_context: 4096, page_tokens: 16 }
+        PackOptions { kernels: PathBuf::from("build/packs/qwen3"), max_tokens: 512, max_seqs: 64, max_context: 4096, page_tokens: 16, tp: None }
     }
 }
 
@@ -46,6 +51,9 @@ pub fn generate_for_gguf(cfg: &Config, opts: &PackOptions, out: &Path) -> Result
 
 fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Value) -> Result<()>) -> Result<PathBuf> {
     cfg.validate().map_err(PackError::Config)?;
+    if let Some(tp) = opts.tp {
+        check_tp(cfg, tp).map_err(PackError::Config)?;
+    }
     if opts.max_tokens == 0 || opts.max_seqs == 0 || opts.max_context == 0 || opts.page_tokens == 0 {
         return Err(PackError::Config("max tokens, seqs, context and page tokens must all be positive".into()));
     }
@@ -70,7 +78,44 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     Ok(path)
 }
 
-/// Model dimensions as the manifest writes them.
+/// Whether `cfg` splits over `tp` ranks: attention heads, kv heads and the intermediate size
+/// divide (each rank keeps whole heads and a GEMM K that is a multiple of 8). Every reason.
+pub fn check_tp(cfg: &Config, tp: u64) -> std::result::Result<(), String> {
+    if tp == 0 {
+        return Err("--tp 0: the tensor-parallel size is at least 1".into());
+    }
+    let mut why = vec![];
+    let (hq, hkv, i) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.intermediate_size);
+    if !hq.is_multiple_of(tp) {
+        why.push(format!("num_attention_heads {hq} does not divide into {tp} ranks"));
+    }
+    if !hkv.is_multiple_of(tp) {
+        why.push(format!("num_key_value_heads {hkv} does not divide into {tp} ranks (the pack does not replicate kv heads)"));
+    }
+    if !i.is_multiple_of(tp) || !(i / tp).is_multiple_of(8) {
+        why.push(format!("intermediate_size {i} does not divide into {tp} ranks of a multiple of 8 (the down GEMM's K)"));
+    }
+    if why.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("--tp {tp}: {}; pick a tensor-parallel size that divides them ({})", why.join("; "), divisors(cfg).join(", ")))
+    }
+}
+
+/// The tensor-parallel sizes `cfg` allows, as text.
+fn divisors(cfg: &Config) -> Vec<String> {
+    (1..=cfg.kv_heads()).filter(|&t| check_tp_quiet(cfg, t)).map(|t| t.to_string()).collect()
+}
+
+fn check_tp_quiet(cfg: &Config, t: u64) -> bool {
+    cfg.num_attention_heads.is_multiple_of(t)
+        && cfg.kv_heads().is_multiple_of(t)
+        && cfg.intermediate_size.is_multiple_of(t)
+        && (cfg.intermediate_size / t).is_multiple_of(8)
+}
+
+/// Model dimensions as the manifest writes them: per rank where tensor parallelism splits
+/// them (`hq`, `hkv`, `i`, `qkv`), whole otherwise.
 struct Dims {
     h: u64,
     i: u64,
@@ -134,15 +179,26 @@ fn gemm_launches(n: u64, k: u64, m: &str, m_max: u64, f32_out: bool) -> Vec<Valu
 }
 
 fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
+    // One rank's share: whole heads, a slice of the intermediate size (check_tp ran).
+    let tp = opts.tp.unwrap_or(1);
     let d = Dims {
         h: cfg.hidden_size,
-        i: cfg.intermediate_size,
+        i: cfg.intermediate_size / tp,
         layers: cfg.num_hidden_layers,
-        hq: cfg.num_attention_heads,
-        hkv: cfg.kv_heads(),
+        hq: cfg.num_attention_heads / tp,
+        hkv: cfg.kv_heads() / tp,
         d: cfg.head_dim(),
         v: cfg.vocab_size,
-        qkv: (cfg.num_attention_heads + 2 * cfg.kv_heads()) * cfg.head_dim(),
+        qkv: (cfg.num_attention_heads + 2 * cfg.kv_heads()) / tp * cfg.head_dim(),
+    };
+    // Column-parallel weights are cut along their output rows (dim 0), row-parallel ones along
+    // their input columns (dim 1); each rank takes the part of its rank.
+    let shard = |dim: u64| json!({"dim": dim, "parts": tp, "part": "rank"});
+    let with_shard = |mut from: Value, dim: u64| {
+        if opts.tp.is_some() {
+            from["shard"] = shard(dim);
+        }
+        from
     };
     let pages = opts.max_context.div_ceil(opts.page_tokens);
     let eps = cfg.rms_norm_eps;
@@ -188,8 +244,8 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
             format!("{p}.self_attn.qkv_proj.weight"),
             weight(
                 json!([d.qkv, d.h]),
-                json!({"concat": [format!("{p}.self_attn.q_proj.weight"), format!("{p}.self_attn.k_proj.weight"), format!("{p}.self_attn.v_proj.weight")],
-                       "axis": 0, "sizes": [d.hq * d.d, d.hkv * d.d, d.hkv * d.d]}),
+                with_shard(json!({"concat": [format!("{p}.self_attn.q_proj.weight"), format!("{p}.self_attn.k_proj.weight"), format!("{p}.self_attn.v_proj.weight")],
+                       "axis": 0, "sizes": [d.hq * d.d, d.hkv * d.d, d.hkv * d.d]}), 0),
             ),
         );
         if bias {
@@ -197,8 +253,8 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                 format!("{p}.self_attn.qkv_proj.bias"),
                 weight(
                     json!([d.qkv]),
-                    json!({"concat": [format!("{p}.self_attn.q_proj.bias"), format!("{p}.self_attn.k_proj.bias"), format!("{p}.self_attn.v_proj.bias")],
-                           "axis": 0, "sizes": [d.hq * d.d, d.hkv * d.d, d.hkv * d.d]}),
+                    with_shard(json!({"concat": [format!("{p}.self_attn.q_proj.bias"), format!("{p}.self_attn.k_proj.bias"), format!("{p}.self_attn.v_proj.bias")],
+                           "axis": 0, "sizes": [d.hq * d.d, d.hkv * d.d, d.hkv * d.d]}), 0),
                 ),
             );
         }
@@ -206,13 +262,13 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
             b.insert(format!("{p}.self_attn.q_norm.weight"), weight(json!([d.d]), json!({"tensor": format!("{p}.self_attn.q_norm.weight")})));
             b.insert(format!("{p}.self_attn.k_norm.weight"), weight(json!([d.d]), json!({"tensor": format!("{p}.self_attn.k_norm.weight")})));
         }
-        b.insert(format!("{p}.self_attn.o_proj.weight"), weight(json!([d.h, d.hq * d.d]), json!({"tensor": format!("{p}.self_attn.o_proj.weight")})));
+        b.insert(format!("{p}.self_attn.o_proj.weight"), weight(json!([d.h, d.hq * d.d]), with_shard(json!({"tensor": format!("{p}.self_attn.o_proj.weight")}), 1)));
         b.insert(format!("{p}.post_attention_layernorm.weight"), weight(json!([d.h]), json!({"tensor": format!("{p}.post_attention_layernorm.weight")})));
         b.insert(
             format!("{p}.mlp.gate_up_proj.weight"),
-            weight(json!([2 * d.i, d.h]), json!({"concat": [format!("{p}.mlp.gate_proj.weight"), format!("{p}.mlp.up_proj.weight")], "axis": 0, "sizes": [d.i, d.i]})),
+            weight(json!([2 * d.i, d.h]), with_shard(json!({"concat": [format!("{p}.mlp.gate_proj.weight"), format!("{p}.mlp.up_proj.weight")], "axis": 0, "sizes": [d.i, d.i]}), 0)),
         );
-        b.insert(format!("{p}.mlp.down_proj.weight"), weight(json!([d.h, d.i]), json!({"tensor": format!("{p}.mlp.down_proj.weight")})));
+        b.insert(format!("{p}.mlp.down_proj.weight"), weight(json!([d.h, d.i]), with_shard(json!({"tensor": format!("{p}.mlp.down_proj.weight")}), 1)));
     }
     b.insert("model.norm.weight".into(), weight(json!([d.h]), json!({"tensor": "model.norm.weight"})));
     let lm_head = if cfg.tie_word_embeddings { json!({"alias": "model.embed_tokens.weight"}) } else { json!({"tensor": "lm_head.weight"}) };
@@ -225,7 +281,7 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     // F.linear), so the RoPE kernel's own bias flag (bit 1) stays off: setting both would add
     // it twice.
     let rope_flags = i64::from(qk_norm);
-    let ops = json!({
+    let mut ops = json!({
         "embedding": {"params": ["out buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "i32"], "impl": {"launches": [{
             "module": "rowwise", "entry": "embedding",
             "params": ["out buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "i32", "i32", "i32"],
@@ -278,6 +334,12 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                 "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5}, {"param": 6}, {"param": 7}, {"i32": d.v}]}]}}
     });
 
+    if opts.tp.is_some() {
+        ops["all_reduce"] = json!({"params": ["inout buffer<bf16>"], "impl": {"collective": "all_reduce_sum"}});
+    }
+    // After a row-parallel GEMM each rank holds a partial sum of the full output.
+    let all_reduce = |label: String, b: &str| json!({"label": label, "op": "all_reduce", "args": [{"buf": b}]});
+
     // ---- the program: one step
     let buf = |n: &str| json!({"buf": n});
     let var = |n: &str| json!({"var": n});
@@ -296,10 +358,16 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         calls.push(json!({"label": format!("l{l}.attention"), "op": "attention",
             "args": [buf("attn"), buf("qkv"), {"state": "kv"}, buf("block_tables"), buf("seq_lens"), buf("query_start"), var("seqs"), var("tokens"), var("pages"), {"i32": l}]}));
         calls.push(json!({"label": format!("l{l}.o_proj"), "op": "o_proj", "args": [buf("attn"), buf(&format!("{p}.self_attn.o_proj.weight")), {"null": true}, buf("o"), var("tokens")]}));
+        if opts.tp.is_some() {
+            calls.push(all_reduce(format!("l{l}.o_proj.all_reduce"), "o"));
+        }
         calls.push(json!({"label": format!("l{l}.post_attention_norm"), "op": "add_rms_norm", "args": [buf("h"), buf("x"), buf("o"), buf(&format!("{p}.post_attention_layernorm.weight")), var("tokens")]}));
         calls.push(json!({"label": format!("l{l}.gate_up_proj"), "op": "gate_up_proj", "args": [buf("h"), buf(&format!("{p}.mlp.gate_up_proj.weight")), {"null": true}, buf("gate_up"), var("tokens")]}));
         calls.push(json!({"label": format!("l{l}.swiglu"), "op": "swiglu", "args": [buf("act"), buf("gate_up"), var("tokens")]}));
         calls.push(json!({"label": format!("l{l}.down_proj"), "op": "down_proj", "args": [buf("act"), buf(&format!("{p}.mlp.down_proj.weight")), {"null": true}, buf("mlp"), var("tokens")]}));
+        if opts.tp.is_some() {
+            calls.push(all_reduce(format!("l{l}.down_proj.all_reduce"), "mlp"));
+        }
         if l + 1 < d.layers {
             calls.push(json!({"label": format!("l{}.input_norm", l + 1), "op": "add_rms_norm",
                 "args": [buf("h"), buf("x"), buf("mlp"), buf(&format!("model.layers.{}.input_layernorm.weight", l + 1)), var("tokens")]}));
@@ -313,10 +381,15 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     calls.push(json!({"label": "sample", "op": "sample",
         "args": [buf("sampled"), buf("logits"), buf("temperature"), buf("top_k"), buf("top_p"), buf("seeds"), buf("seq_lens"), var("seqs")]}));
 
+    // This rank's kv heads only.
     let bytes_per_token = d.layers * 2 * d.hkv * d.d * 2;
-    json!({
+    let model = match opts.tp {
+        Some(t) => format!("{}-h{}-l{}-tp{t}", cfg.model_type, d.h, d.layers),
+        None => format!("{}-h{}-l{}", cfg.model_type, d.h, d.layers),
+    };
+    let mut m = json!({
         "schema_version": "4.1",
-        "model": format!("{}-h{}-l{}", cfg.model_type, d.h, d.layers),
+        "model": model,
         "vars": {"tokens": {"max": opts.max_tokens}, "seqs": {"max": opts.max_seqs}, "pages": {"max": pages}},
         "states": {"kv": {"bytes_per_token": bytes_per_token, "page_tokens": opts.page_tokens}},
         "buffers": Value::Object(b),
@@ -333,7 +406,11 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                 "sampled": "sampled", "logits": "logits"
             }
         }
-    })
+    });
+    if let Some(t) = opts.tp {
+        m["parallel"] = json!({"tp": t});
+    }
+    m
 }
 
 fn add_rms_norm(rows: &str, h: u64, eps: f64) -> Value {
