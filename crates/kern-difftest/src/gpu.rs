@@ -306,7 +306,7 @@ impl<'o> Session<'o> {
 
     /// A scheduler over the KV pool of both runtimes (prefix cache off: every step computes).
     fn scheduler(&self) -> Scheduler {
-        let cfg = SchedulerConfig { chunk: self.chunk, max_seqs: self.max_seqs, max_context: self.pages_per_seq * self.page_tokens, pages_per_seq: self.pages_per_seq };
+        let cfg = SchedulerConfig { chunk: self.chunk, max_seqs: self.max_seqs, max_context: self.pages_per_seq * self.page_tokens, pages_per_seq: self.pages_per_seq, spec: None };
         Scheduler::new(cfg, BlockManager::new(self.pages, self.page_tokens).with_prefix_cache(false))
     }
 

@@ -44,11 +44,13 @@ pub struct EngineConfig {
     pub prefix_cache: bool,
     /// Host memory for the prefix cache's host tier, bytes (0: none).
     pub offload_bytes: u64,
+    /// Speculative decoding with prompt-lookup drafts (None: off).
+    pub spec: Option<kern_sched::SpecConfig>,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { max_seqs: None, max_batched_tokens: None, max_queue: 4096, eos: vec![], prefix_cache: true, offload_bytes: 0 }
+        EngineConfig { max_seqs: None, max_batched_tokens: None, max_queue: 4096, eos: vec![], prefix_cache: true, offload_bytes: 0, spec: None }
     }
 }
 
@@ -400,6 +402,10 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
         // not restore it: such models compute every prompt in full.
         cfg.prefix_cache = false;
     }
+    if mi.per_seq_state {
+        // Draft rows would each advance the sequence's state.
+        cfg.spec = None;
+    }
     let mut host_slots = 0;
     if cfg.offload_bytes > 0 {
         if !cfg.prefix_cache {
@@ -417,7 +423,7 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
     let max_seqs = cfg.max_seqs.unwrap_or(mi.max_step_seqs).clamp(1, mi.max_step_seqs.max(1));
     let chunk = cfg.max_batched_tokens.unwrap_or(mi.max_step_tokens).clamp(1, mi.max_step_tokens.max(1));
     let mut sched = Scheduler::new(
-        SchedulerConfig { chunk, max_seqs, max_context: mi.max_context(), pages_per_seq: mi.pages_per_seq },
+        SchedulerConfig { chunk, max_seqs, max_context: mi.max_context(), pages_per_seq: mi.pages_per_seq, spec: cfg.spec.clone() },
         BlockManager::new(mi.total_pages, mi.page_tokens).with_prefix_cache(cfg.prefix_cache).with_host_tier(host_slots),
     );
     let m = &inner.metrics;
@@ -583,13 +589,7 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
                 m.restore_secs.inc_by(secs - before);
             }
         }
-        {
-            let mut ps = inner.phases.lock().unwrap_or_else(|p| p.into_inner());
-            let ph = if step.is_decode() { &mut ps.decode } else { &mut ps.prefill };
-            ph.steps += 1;
-            ph.tokens += step.real_tokens as u64;
-            ph.secs += now.elapsed().as_secs_f64();
-        }
+
         let vocab = mi.vocab;
         let row_logits = |row: usize| out.logits.as_ref().and_then(|l| l.get(row * vocab..(row + 1) * vocab));
         let mut sampled = out.sampled.clone();
@@ -604,6 +604,15 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
         }
         // 4. Commit and stream.
         let outs = sched.commit(&step, &sampled);
+        {
+            // Prefill counts the tokens computed; decode the tokens generated (with drafts, a
+            // step generates several per sequence).
+            let mut ps = inner.phases.lock().unwrap_or_else(|p| p.into_inner());
+            let (ph, n) = if step.is_decode() { (&mut ps.decode, outs.len()) } else { (&mut ps.prefill, step.real_tokens) };
+            ph.steps += 1;
+            ph.tokens += n as u64;
+            ph.secs += now.elapsed().as_secs_f64();
+        }
         let stores = sched.take_stores();
         if !stores.is_empty() {
             if let Err(e) = model.store_pages(&stores) {
@@ -672,6 +681,10 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
 
 fn publish(inner: &Inner, sched: &Scheduler) {
     let m = &inner.metrics;
+    let sp = sched.spec_stats();
+    m.spec_drafts.inc_by(sp.drafts.saturating_sub(m.spec_drafts.get()));
+    m.spec_draft_tokens.inc_by(sp.draft_tokens.saturating_sub(m.spec_draft_tokens.get()));
+    m.spec_accepted.inc_by(sp.accepted_tokens.saturating_sub(m.spec_accepted.get()));
     let c = sched.cache_stats();
     m.prefix_queries.inc_by(c.queries.saturating_sub(m.prefix_queries.get()));
     m.prefix_hits.inc_by(c.hits.saturating_sub(m.prefix_hits.get()));

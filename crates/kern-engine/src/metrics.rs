@@ -27,6 +27,9 @@ pub struct Metrics {
     pub prefix_queries: Counter,
     pub prefix_hits: Counter,
     pub cached_pages: Gauge,
+    pub spec_drafts: Counter,
+    pub spec_draft_tokens: Counter,
+    pub spec_accepted: Counter,
     pub host_hits: Counter,
     pub stored_pages: Counter,
     pub restored_pages: Counter,
@@ -64,6 +67,9 @@ impl Metrics {
             prefix_queries: Counter::default(),
             prefix_hits: Counter::default(),
             cached_pages: Gauge::default(),
+            spec_drafts: Counter::default(),
+            spec_draft_tokens: Counter::default(),
+            spec_accepted: Counter::default(),
             host_hits: Counter::default(),
             stored_pages: Counter::default(),
             restored_pages: Counter::default(),
@@ -100,6 +106,9 @@ impl Metrics {
             r.register("kern:kv_offload_restored_pages", "KV pages copied back from host memory", m.restored_pages.clone());
             r.register("kern:kv_offload_restored_bytes", "Bytes copied back from host memory", m.restore_bytes.clone());
             r.register("kern:kv_offload_restore_seconds", "GPU time of the copies back from host memory", m.restore_secs.clone());
+            r.register("kern:spec_decode_num_drafts", "Sequence-steps that verified draft tokens", m.spec_drafts.clone());
+            r.register("kern:spec_decode_num_draft_tokens", "Draft tokens proposed", m.spec_draft_tokens.clone());
+            r.register("kern:spec_decode_num_accepted_tokens", "Draft tokens accepted", m.spec_accepted.clone());
             r.register("kern:kv_cache_cached_pages", "KV pages holding a cached prefix (in use or free)", m.cached_pages.clone());
             r.register("kern:request_success", "Finished requests by finish reason", m.success.clone());
             r.register("kern:time_to_first_token_seconds", "Time from arrival to the first generated token", m.ttft.clone());

@@ -164,6 +164,7 @@ fn dropping_a_handle_aborts_the_request_and_frees_its_pages() {
 fn a_failing_step_fails_every_request_in_flight_and_stops_the_engine() {
     let mut m = FakeModel::new(info(64, 8, 64), hash_rule(VOCAB));
     m.fail_at_step = Some(3);
+    m.step_delay = Duration::from_millis(5); // all three are queued before the fault
     let e = start(m, EngineConfig::default(), false);
     let hs: Vec<_> = (0..3).map(|i| e.submit(Request { ignore_eos: true, ..Request::new(vec![i + 1; 5], 50) }).unwrap()).collect();
     for h in hs {
@@ -305,4 +306,33 @@ fn a_model_with_a_per_sequence_state_computes_every_prompt_in_full() {
         let c = collect(e.submit(Request { ignore_eos: true, ..Request::new(p.clone(), 3) }).unwrap());
         assert!(matches!(c.end, Event::Finished { cached_tokens: 0, .. }), "no snapshot of the state at the prefix: no reuse");
     }
+}
+
+#[test]
+fn speculative_decoding_gives_the_same_tokens_greedy_and_sampled() {
+    // Copy the token 6 back unless a hash says otherwise: n-gram drafts are often right.
+    let copy: Rule = Arc::new(|ctx: &[u32]| {
+        let h = ctx.iter().fold(7u64, |h, &t| h.wrapping_mul(31).wrapping_add(t as u64));
+        if ctx.len() >= 6 && h % 8 != 0 { ctx[ctx.len() - 6] } else { (h % 1000) as u32 }
+    });
+    let spec = kern_sched::SpecConfig { k: 4, min_n: 1, max_n: 3 };
+    // 64 rows per step: room for every sequence's drafts.
+    let plain = start(FakeModel::new(info(512, 64, 256), copy.clone()), EngineConfig::default(), false);
+    let fast = start(FakeModel::new(info(512, 64, 256), copy.clone()), EngineConfig { spec: Some(spec), ..Default::default() }, false);
+    let prompts: Vec<Vec<u32>> = (0..6u32).map(|i| (0..(8 + i * 5)).map(|t| (t * 37 + i * 101) % 1000).collect()).collect();
+    for temperature in [0.0f32, 0.9] {
+        let run = |e: &Engine| -> Vec<Vec<u32>> {
+            let hs: Vec<_> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| e.submit(Request { ignore_eos: true, sampling: Sampling { temperature, seed: Some(i as u64), ..Default::default() }, ..Request::new(p.clone(), 40) }).unwrap())
+                .collect();
+            hs.into_iter().map(|h| collect(h).tokens).collect()
+        };
+        assert_eq!(run(&fast), run(&plain), "temperature {temperature}");
+    }
+    let accepted = metric(&fast, "kern:spec_decode_num_accepted_tokens_total");
+    // A Python simulation of this rule and drafter accepts 33 of 119 greedy drafts.
+    assert!(accepted >= 25.0, "drafts were accepted ({accepted})");
+    assert!(metric(&fast, "kern:engine_steps_total") < metric(&plain, "kern:engine_steps_total"), "fewer steps with drafts");
 }

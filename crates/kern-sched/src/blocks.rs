@@ -337,6 +337,14 @@ impl BlockManager {
         pages.clear();
     }
 
+    /// Releases `pages[keep..]` (pages a sequence took for draft tokens it then rejected).
+    pub fn truncate(&mut self, pages: &mut Vec<u32>, keep: usize) {
+        if pages.len() > keep {
+            let mut tail = pages.split_off(keep);
+            self.release(&mut tail);
+        }
+    }
+
     /// The longest cached run of full pages of `tokens`, at most `max_pages`: each page is
     /// taken (its reference count goes up) and returned in order with the hash chain.
     pub fn lookup(&mut self, tokens: &[u32], max_pages: usize) -> (Vec<u32>, Vec<PageHash>) {

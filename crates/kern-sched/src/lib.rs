@@ -11,9 +11,10 @@
 //! * [`Step`]: one step's ABI arrays, padded to the bucket sizes with the ABI's padding rules.
 
 mod blocks;
+pub mod ngram;
 mod scheduler;
 mod step;
 
 pub use blocks::{page_hash, BlockManager, CacheStats, PageError, PageHash};
-pub use scheduler::{AddError, Finish, Limits, SamplingParams, Scheduler, SchedulerConfig, SeqId, SeqOutput};
+pub use scheduler::{AddError, Finish, Limits, SpecConfig, SpecStats, SamplingParams, Scheduler, SchedulerConfig, SeqId, SeqOutput};
 pub use step::{Step, StepSeq};

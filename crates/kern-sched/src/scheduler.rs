@@ -50,6 +50,36 @@ impl Default for SamplingParams {
     }
 }
 
+/// Speculative decoding with prompt-lookup (n-gram) drafts.
+///
+/// A decoding sequence whose last tokens occurred earlier gets up to `k` draft tokens; the step
+/// computes its last token and the drafts as `k + 1` rows (each row one position, all sharing the
+/// sequence's pages, so row j attends over the drafts before it) and samples each row. Row j's
+/// sample is what the target would generate after the first j drafts; drafts are accepted while
+/// they equal the previous row's sample. Because the draft is deterministic, this is exactly the
+/// speculative rejection rule (accept draft d with probability p(d), else emit a sample of p
+/// without d), and since every row samples from the stream (seed, position), the output is
+/// token-for-token what decoding without drafts gives — greedy or sampled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecConfig {
+    /// Most draft tokens per sequence and step.
+    pub k: usize,
+    /// Shortest and longest n-gram looked up.
+    pub min_n: usize,
+    pub max_n: usize,
+}
+
+/// Counters of speculative decoding.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecStats {
+    /// Sequence-steps that verified drafts.
+    pub drafts: u64,
+    /// Draft tokens proposed.
+    pub draft_tokens: u64,
+    /// Draft tokens accepted.
+    pub accepted_tokens: u64,
+}
+
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
     /// Most new tokens per step (the `tokens` var's max, or less for smaller prefill chunks).
@@ -60,6 +90,8 @@ pub struct SchedulerConfig {
     pub max_context: usize,
     /// Block-table row length (the `pages` var's max).
     pub pages_per_seq: usize,
+    /// Speculative decoding with n-gram drafts (None: off).
+    pub spec: Option<SpecConfig>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,13 +195,16 @@ pub struct Scheduler {
     preemptions: u64,
     /// Free per-sequence slots (one per sequence that can run at once), lowest first.
     free_slots: Vec<u32>,
+    /// Drafts of the step last scheduled, by sequence.
+    pending_drafts: std::collections::HashMap<SeqId, Vec<u32>>,
+    spec_stats: SpecStats,
 }
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, blocks: BlockManager) -> Self {
         assert!(cfg.chunk > 0 && cfg.max_seqs > 0, "step budgets must be positive");
         let free_slots = (0..cfg.max_seqs as u32).rev().collect();
-        Scheduler { cfg, blocks, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, preemptions: 0, free_slots }
+        Scheduler { cfg, blocks, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, preemptions: 0, free_slots, pending_drafts: Default::default(), spec_stats: SpecStats::default() }
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -269,6 +304,10 @@ impl Scheduler {
         let mut budget = self.cfg.chunk;
         let mut picked: Vec<(SeqId, usize)> = Vec::new();
         let mut preempted = false;
+        // Step rows in use: one per sequence, plus one per draft token.
+        let mut rows_used = 0;
+        let mut drafts: std::collections::HashMap<SeqId, Vec<u32>> = Default::default();
+        let max_context = self.max_context();
         // Running sequences: decode tokens first, then prefill chunks (recomputes included).
         let order: Vec<SeqId> = {
             let decodes = self.running.iter().filter(|s| s.left() == 1).map(|s| s.id);
@@ -276,17 +315,36 @@ impl Scheduler {
             decodes.chain(prefills).collect()
         };
         for id in order {
-            if picked.len() == self.cfg.max_seqs || budget == 0 {
+            if rows_used == self.cfg.max_seqs || budget == 0 {
                 break;
             }
+            let mut draft_ok = true;
             loop {
                 let Some(i) = self.running.iter().position(|s| s.id == id) else { break }; // preempted
                 let s = &mut self.running[i];
                 let n = s.left().min(budget);
-                if self.blocks.ensure(&mut s.pages, s.computed + n).is_ok() {
+                let mut draft = Vec::new();
+                if let (1, Some(sp), true) = (n, &self.cfg.spec, draft_ok) {
+                    let room = sp
+                        .k
+                        .min(budget - 1)
+                        .min(self.cfg.max_seqs - rows_used - 1)
+                        .min(s.params.max_tokens.saturating_sub(s.generated + 1))
+                        .min(max_context.saturating_sub(s.tokens.len() + 1));
+                    draft = crate::ngram::propose(&s.tokens, room, sp.min_n, sp.max_n);
+                }
+                if self.blocks.ensure(&mut s.pages, s.computed + n + draft.len()).is_ok() {
                     picked.push((id, n));
-                    budget -= n;
+                    budget -= n + draft.len();
+                    rows_used += 1 + draft.len();
+                    if !draft.is_empty() {
+                        drafts.insert(id, draft);
+                    }
                     break;
+                }
+                if !draft.is_empty() {
+                    draft_ok = false; // try again without drafts before preempting anyone
+                    continue;
                 }
                 let keep: Vec<SeqId> = picked.iter().map(|p| p.0).collect();
                 preempted = true;
@@ -298,7 +356,7 @@ impl Scheduler {
         // Waiting sequences, in order, unless the pool just ran dry. Each first takes the
         // longest cached run of its full pages (never its last token: its logits must be
         // computed), then pages for its first chunk.
-        while !preempted && self.running.len() < self.cfg.max_seqs && picked.len() < self.cfg.max_seqs && budget > 0 {
+        while !preempted && self.running.len() < self.cfg.max_seqs && rows_used < self.cfg.max_seqs && budget > 0 {
             let Some(front) = self.waiting.front_mut() else { break };
             let pt = self.blocks.page_tokens();
             let (hit, hashes) = self.blocks.lookup(&front.tokens, (front.tokens.len() - 1) / pt);
@@ -319,37 +377,41 @@ impl Scheduler {
             s.slot = Some(self.free_slots.pop().expect("a slot per running sequence"));
             picked.push((s.id, n));
             budget -= n;
+            rows_used += 1;
             self.running.push(s);
         }
         if picked.is_empty() {
             return None;
         }
-        // Batch rows in admission order.
+        // Batch rows in admission order; a sequence with drafts takes one row per position.
         let mut rows: Vec<(usize, usize)> = picked.iter().map(|&(id, n)| (self.running.iter().position(|s| s.id == id).expect("picked is running"), n)).collect();
         rows.sort_by_key(|&(i, _)| i);
-        let views: Vec<SeqView> = rows
+        let extended: Vec<Option<Vec<u32>>> = rows
             .iter()
-            .map(|&(i, n)| {
+            .map(|&(i, _)| {
                 let s = &self.running[i];
-                SeqView {
-                    id: s.id,
-                    tokens: &s.tokens,
-                    pages: &s.pages,
-                    start: s.computed,
-                    n,
-                    samples: s.computed + n == s.tokens.len(),
-                    slot: s.slot.expect("a running sequence has a slot"),
-                    temperature: s.params.temperature,
-                    top_k: s.params.top_k,
-                    top_p: s.params.top_p,
-                    seed: s.params.seed,
-                }
+                drafts.get(&s.id).map(|d| s.tokens.iter().chain(d).copied().collect())
             })
             .collect();
+        let mut views: Vec<SeqView> = Vec::new();
+        for (&(i, n), ext) in rows.iter().zip(&extended) {
+            let s = &self.running[i];
+            match ext {
+                Some(t) => {
+                    let k = t.len() - s.tokens.len();
+                    for j in 0..=k {
+                        views.push(seq_view(s, t, s.computed + j, 1, true));
+                    }
+                }
+                None => views.push(seq_view(s, &s.tokens, s.computed, n, s.computed + n == s.tokens.len())),
+            }
+        }
         let real_tokens = views.iter().map(|v| v.n).sum();
         let decode = views.iter().all(|v| v.n == 1);
         let (tp, sp) = pad(real_tokens, views.len(), decode);
-        Some(Step::build(&views, tp, sp, self.cfg.pages_per_seq, self.blocks.page_tokens()))
+        let step = Step::build(&views, tp, sp, self.cfg.pages_per_seq, self.blocks.page_tokens());
+        self.pending_drafts = drafts;
+        Some(step)
     }
 
     /// Applies a step's sampled ids (one per step row); returns the new tokens. Sequences that
@@ -359,35 +421,65 @@ impl Scheduler {
         let mut out = Vec::new();
         let blocks_pt = self.blocks.page_tokens();
         let max_context = self.max_context();
-        for (row, ss) in step.seqs.iter().enumerate() {
+        let drafts = std::mem::take(&mut self.pending_drafts);
+        let mut row = 0;
+        while row < step.seqs.len() {
+            let ss = &step.seqs[row];
+            let draft = drafts.get(&ss.id);
+            let first = row;
+            row += draft.map_or(1, |d| d.len() + 1);
             let Some(s) = self.running.iter_mut().find(|s| s.id == ss.id) else { continue };
             if s.computed != ss.start {
                 continue; // preempted and re-admitted since: this row is stale
             }
-            s.computed += ss.n;
-            // Pages this step filled become cacheable.
-            let pt = blocks_pt;
-            while s.chain.len() < s.computed / pt {
-                let i = s.chain.len();
-                let parent = i.checked_sub(1).map(|j| s.chain[j]);
-                let c = self.blocks.register(s.pages[i], parent, &s.tokens[i * pt..(i + 1) * pt]);
-                s.chain.push(c);
-            }
-            if !ss.samples {
+            // Tokens this sequence emits: one per row, while drafts are accepted.
+            let emit: Vec<(usize, Option<u32>)> = match draft {
+                None if !ss.samples => {
+                    s.computed += ss.n;
+                    vec![]
+                }
+                None => {
+                    s.computed += ss.n - 1; // the last one is counted with its token below
+                    vec![(first, None)]
+                }
+                Some(d) => {
+                    self.spec_stats.drafts += 1;
+                    self.spec_stats.draft_tokens += d.len() as u64;
+                    (0..=d.len()).map(|j| (first + j, d.get(j).copied())).collect()
+                }
+            };
+            if emit.is_empty() {
+                // A partial prefill: register the pages it filled.
+                register_full_pages(&mut self.blocks, s, blocks_pt);
                 continue;
             }
-            let token = sampled.get(row).copied().unwrap_or(0).max(0) as u32;
-            s.tokens.push(token);
-            s.generated += 1;
-            let p = &s.params;
-            let finished = if p.stop_always.contains(&token) || (!p.ignore_eos && p.stop.contains(&token)) {
-                Some(Finish::Stop)
-            } else if s.generated >= p.max_tokens || s.tokens.len() >= max_context {
-                Some(Finish::Length)
-            } else {
-                None
-            };
-            out.push(SeqOutput { id: s.id, token, row, finished });
+            for (k, &(r, next_draft)) in emit.iter().enumerate() {
+                let token = sampled.get(r).copied().unwrap_or(0).max(0) as u32;
+                s.computed += 1;
+                s.tokens.push(token);
+                s.generated += 1;
+                if k > 0 {
+                    self.spec_stats.accepted_tokens += 1;
+                }
+                let p = &s.params;
+                let finished = if p.stop_always.contains(&token) || (!p.ignore_eos && p.stop.contains(&token)) {
+                    Some(Finish::Stop)
+                } else if s.generated >= p.max_tokens || s.tokens.len() >= max_context {
+                    Some(Finish::Length)
+                } else {
+                    None
+                };
+                out.push(SeqOutput { id: s.id, token, row: r, finished });
+                if finished.is_some() || next_draft != Some(token) {
+                    break;
+                }
+            }
+            register_full_pages(&mut self.blocks, s, blocks_pt);
+            if draft.is_some() {
+                // Pages taken for rejected drafts go back.
+                let keep = self.blocks.pages_for(s.tokens.len());
+                self.blocks.truncate(&mut s.pages, keep);
+            }
         }
         let (blocks, slots) = (&mut self.blocks, &mut self.free_slots);
         self.running.retain_mut(|s| {
@@ -442,9 +534,41 @@ impl Scheduler {
         self.blocks.cached_pages()
     }
 
+    /// Speculative decoding counters.
+    pub fn spec_stats(&self) -> SpecStats {
+        self.spec_stats
+    }
+
     /// Prefix-cache counters (tokens queried and hit at admission, pages evicted).
     pub fn cache_stats(&self) -> CacheStats {
         self.blocks.stats()
+    }
+}
+
+/// One row of a step: `n` tokens of `tokens` from `start`, with `s`'s pages and parameters.
+fn seq_view<'a>(s: &'a Seq, tokens: &'a [u32], start: usize, n: usize, samples: bool) -> SeqView<'a> {
+    SeqView {
+        id: s.id,
+        tokens,
+        pages: &s.pages,
+        start,
+        n,
+        samples,
+        slot: s.slot.expect("a running sequence has a slot"),
+        temperature: s.params.temperature,
+        top_k: s.params.top_k,
+        top_p: s.params.top_p,
+        seed: s.params.seed,
+    }
+}
+
+/// Caches the pages a sequence has filled completely (computed tokens) and not cached yet.
+fn register_full_pages(blocks: &mut BlockManager, s: &mut Seq, pt: usize) {
+    while s.chain.len() < s.computed / pt {
+        let i = s.chain.len();
+        let parent = i.checked_sub(1).map(|j| s.chain[j]);
+        let c = blocks.register(s.pages[i], parent, &s.tokens[i * pt..(i + 1) * pt]);
+        s.chain.push(c);
     }
 }
 
@@ -453,7 +577,7 @@ mod tests {
     use super::*;
 
     fn sched(chunk: usize, max_seqs: usize, pages: usize) -> Scheduler {
-        Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 1024, pages_per_seq: 64 }, BlockManager::new(pages, 16))
+        Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 1024, pages_per_seq: 64, spec: None }, BlockManager::new(pages, 16))
     }
 
     fn no_pad(t: usize, s: usize, _: bool) -> (usize, usize) {
@@ -594,7 +718,7 @@ mod tests {
     #[test]
     fn preempted_sequences_resume_with_the_same_output() {
         // 6 pages of 4 tokens: three sequences of 6 + 10 tokens cannot all stay.
-        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 8, max_context: 64, pages_per_seq: 16 }, BlockManager::new(6, 4));
+        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 8, max_context: 64, pages_per_seq: 16, spec: None }, BlockManager::new(6, 4));
         let prompts: Vec<Vec<u32>> = (0..3).map(|i| (0..6).map(|t| t * 7 + i).collect()).collect();
         let ids: Vec<SeqId> = prompts.iter().map(|p| s.add(p.clone(), SamplingParams { max_tokens: 10, ..Default::default() }).unwrap()).collect();
         let mut fake = Fake { kv: vec![None; 24] };
@@ -659,7 +783,7 @@ mod tests {
             reqs in proptest::collection::vec((1usize..20, 1usize..12, 0u32..50, proptest::option::of(0usize..30)), 1..12),
         ) {
             let page_tokens = 4;
-            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 64, pages_per_seq: 16 }, BlockManager::new(pages, page_tokens));
+            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 64, pages_per_seq: 16, spec: None }, BlockManager::new(pages, page_tokens));
             let mut fake = Fake { kv: vec![None; pages * page_tokens] };
             let mut live: Vec<(SeqId, Vec<u32>, usize, Option<usize>, Vec<u32>, bool)> = Vec::new();
             for (plen, max_tokens, salt, abort_at) in reqs {
@@ -706,7 +830,7 @@ mod tests {
     #[test]
     fn a_cached_prefix_is_not_computed_again_and_gives_the_same_tokens() {
         let pt = 4;
-        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 4, max_context: 256, pages_per_seq: 64 }, BlockManager::new(64, pt));
+        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 4, max_context: 256, pages_per_seq: 64, spec: None }, BlockManager::new(64, pt));
         let mut fake = Fake { kv: vec![None; 64 * pt] };
         let system: Vec<u32> = (0..22).map(|t| 500 + t).collect();
         let run = |s: &mut Scheduler, fake: &mut Fake, prompt: Vec<u32>| -> (Vec<u32>, usize) {
@@ -752,7 +876,7 @@ mod tests {
         ) {
             let pt = 4;
             let blocks = BlockManager::new(pages, pt).with_host_tier(host_slots.unwrap_or(0));
-            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs: 4, max_context: 64, pages_per_seq: 16 }, blocks);
+            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs: 4, max_context: 64, pages_per_seq: 16, spec: None }, blocks);
             let mut fake = Fake { kv: vec![None; pages * pt] };
             // The host tier's memory, as the engine's model keeps it.
             let mut host: Vec<Option<(u32, u32)>> = vec![None; host_slots.unwrap_or(0) * pt];
@@ -806,7 +930,7 @@ mod tests {
     fn a_prefix_evicted_from_the_gpu_comes_back_from_the_host() {
         let pt = 4;
         // 8 GPU pages: a 6-page prompt, then another 6-page prompt evicts most of it.
-        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 1, max_context: 64, pages_per_seq: 16 }, BlockManager::new(8, pt).with_host_tier(32));
+        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 1, max_context: 64, pages_per_seq: 16, spec: None }, BlockManager::new(8, pt).with_host_tier(32));
         let mut fake = Fake { kv: vec![None; 8 * pt] };
         let mut host = vec![None; 32 * pt];
         let mut run = |s: &mut Scheduler, prompt: &[u32]| {
@@ -840,5 +964,119 @@ mod tests {
         assert_eq!(again, out_a, "the same tokens from restored pages");
         assert_eq!(n, 1 + 2, "all 6 full pages restored: only the last token and the decodes computed");
         assert!(s.cache_stats().host_hits >= 4 * pt as u64, "{:?}", s.cache_stats());
+    }
+
+    /// A rule whose outputs often repeat earlier tokens (so n-gram drafts are accepted
+    /// sometimes, rejected other times): copy the token 5 back, except where a hash says not to.
+    fn repeaty(ctx: &[u32]) -> u32 {
+        let h = next_token(ctx);
+        if ctx.len() >= 5 && h % 3 != 0 { ctx[ctx.len() - 5] } else { h }
+    }
+
+    fn reference_with(rule: fn(&[u32]) -> u32, prompt: &[u32], n: usize) -> Vec<u32> {
+        let mut ctx = prompt.to_vec();
+        for _ in 0..n {
+            let t = rule(&ctx);
+            ctx.push(t);
+        }
+        ctx[prompt.len()..].to_vec()
+    }
+
+    /// Runs a step like `Fake::run`, with `rule`.
+    fn run_rule(kv: &mut [Option<(u32, u32)>], st: &Step, pt: usize, rule: fn(&[u32]) -> u32) -> Vec<i32> {
+        for (t, &slot) in st.slot_mapping.iter().enumerate().take(st.real_tokens) {
+            kv[slot as usize] = Some((st.token_ids[t] as u32, st.positions[t] as u32));
+        }
+        (0..st.real_seqs)
+            .map(|r| {
+                let ctx: Vec<u32> = (0..st.seq_lens[r] as usize)
+                    .map(|p| {
+                        let page = st.block_tables[r * st.pages + p / pt];
+                        let (tok, pos) = kv[page as usize * pt + p % pt].expect("KV slot never written");
+                        assert_eq!(pos as usize, p);
+                        tok
+                    })
+                    .collect();
+                rule(&ctx) as i32
+            })
+            .collect()
+    }
+
+    #[test]
+    fn drafts_are_verified_in_one_step_and_accepted_while_they_match() {
+        let pt = 4;
+        let spec = SpecConfig { k: 4, min_n: 1, max_n: 3 };
+        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 8, max_context: 256, pages_per_seq: 64, spec: Some(spec) }, BlockManager::new(64, pt));
+        let mut kv = vec![None; 64 * pt];
+        // The rule copies the token 5 back: a prompt of period 5 continues it forever.
+        let copy5 = |ctx: &[u32]| ctx[ctx.len() - 5];
+        let prompt: Vec<u32> = [1, 2, 3, 4, 5].repeat(3);
+        let id = s.add(prompt.clone(), SamplingParams { max_tokens: 30, ..Default::default() }).unwrap();
+        let mut out = vec![];
+        let mut steps = 0;
+        while s.has_work() {
+            let st = s.schedule(no_pad).unwrap();
+            let sampled = run_rule(&mut kv, &st, pt, copy5);
+            out.extend(s.commit(&st, &sampled).into_iter().filter(|o| o.id == id).map(|o| o.token));
+            s.check_invariants();
+            steps += 1;
+        }
+        assert_eq!(out, reference_with(copy5, &prompt, 30));
+        assert!(steps <= 1 + 30 / 5 + 1, "5 tokens per verify step once drafting starts ({steps} steps)");
+        let st = s.spec_stats();
+        assert_eq!(st.accepted_tokens, st.draft_tokens, "every draft of a perfectly periodic text is right: {st:?}");
+        assert!(st.accepted_tokens >= 20, "{st:?}");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// With drafts (accepted or not), preemption, the prefix cache and aborts, every finished
+        /// sequence gets exactly the tokens decoding without drafts gives.
+        #[test]
+        fn speculative_decoding_changes_no_token(
+            pages in 8usize..40,
+            k in 1usize..6,
+            chunk in 2usize..32,
+            max_seqs in 1usize..8,
+            reqs in proptest::collection::vec((0u32..4, 1usize..16, 1usize..20, proptest::option::of(0usize..30)), 1..10),
+        ) {
+            let pt = 4;
+            let spec = SpecConfig { k, min_n: 1, max_n: 3 };
+            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 64, pages_per_seq: 16, spec: Some(spec) }, BlockManager::new(pages, pt));
+            let mut kv = vec![None; pages * pt];
+            let mut live = vec![];
+            for (seed, plen, max_tokens, abort_at) in reqs {
+                let prompt: Vec<u32> = (0..plen as u32).map(|t| (t * 7 + seed) % 5).collect();
+                match s.add(prompt.clone(), SamplingParams { max_tokens, ..Default::default() }) {
+                    Ok(id) => live.push((id, prompt, max_tokens, abort_at, vec![], false)),
+                    Err(AddError::PoolTooSmall { .. }) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            let mut step_no = 0;
+            while s.has_work() {
+                for l in live.iter_mut() {
+                    if l.3 == Some(step_no) && !l.5 {
+                        s.abort(l.0);
+                        l.5 = true;
+                    }
+                }
+                if !s.has_work() { break; }
+                let st = s.schedule(no_pad).expect("progress");
+                proptest::prop_assert!(st.real_seqs <= max_seqs && st.real_tokens <= chunk);
+                let sampled = run_rule(&mut kv, &st, pt, repeaty);
+                for o in s.commit(&st, &sampled) {
+                    live.iter_mut().find(|l| l.0 == o.id).unwrap().4.push(o.token);
+                }
+                s.check_invariants();
+                step_no += 1;
+                proptest::prop_assert!(step_no < 5000, "no progress");
+            }
+            for (_, prompt, max_tokens, _, got, aborted) in &live {
+                let want = reference_with(repeaty, prompt, *max_tokens);
+                if *aborted { proptest::prop_assert!(want.starts_with(got)); } else { proptest::prop_assert_eq!(got, &want); }
+            }
+            proptest::prop_assert_eq!(s.free_pages(), pages);
+        }
     }
 }

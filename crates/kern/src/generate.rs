@@ -56,6 +56,10 @@ pub struct Args {
     /// Prefill chunk: most new tokens per step (default: the manifest's `tokens` max).
     #[arg(long)]
     chunk: Option<usize>,
+    /// Speculative decoding with prompt-lookup drafts: up to K draft tokens per step, taken from
+    /// the earlier continuation of the sequence's last 2–4 tokens (0: off). Output is unchanged.
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    spec_ngram: usize,
     /// Do not reuse the KV pages of prompt prefixes the prompts share.
     #[arg(long)]
     no_prefix_cache: bool,
@@ -123,6 +127,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_batched_tokens: args.chunk,
         eos: tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),
         prefix_cache: !args.no_prefix_cache,
+        spec: (args.spec_ngram > 0).then(|| kern_sched::SpecConfig { k: args.spec_ngram, min_n: 2, max_n: 4 }),
         ..Default::default()
     };
     let engine = Engine::start(cfg, tokenizer.clone(), loader(dir.clone(), opts, report.clone()));
@@ -205,6 +210,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
         if ph.decode.steps > 0 { ph.decode.secs * 1000.0 / ph.decode.steps as f64 } else { 0.0 },
         if args.no_graph { ", eager" } else { ", CUDA graphs" }
     );
+    if args.spec_ngram > 0 {
+        let m = engine.metrics();
+        let (drafted, accepted) = (m.spec_draft_tokens.get(), m.spec_accepted.get());
+        eprintln!(
+            "speculative (n-gram, k = {}): {accepted} of {drafted} draft tokens accepted ({:.1}%) in {} verify rows",
+            args.spec_ngram,
+            if drafted > 0 { 100.0 * accepted as f64 / drafted as f64 } else { 0.0 },
+            m.spec_drafts.get()
+        );
+    }
     let vocab = engine.info().map_or(0, |i| i.model.vocab);
     if let Some(d) = &args.dump {
         write_dump(d, &prompts, &outputs, &logits, vocab)?;

@@ -50,6 +50,10 @@ pub struct Args {
     /// Most logprob alternatives per token a request may ask for.
     #[arg(long, default_value_t = 20)]
     max_logprobs: usize,
+    /// Speculative decoding with prompt-lookup drafts: up to K draft tokens per step, taken from
+    /// the earlier continuation of the sequence's last 2–4 tokens (0: off). Output is unchanged.
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    spec_ngram: usize,
     /// Do not reuse the KV pages of prompt prefixes computed before.
     #[arg(long)]
     no_prefix_cache: bool,
@@ -138,6 +142,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_queue: args.max_queue,
         eos: tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),
         prefix_cache: !args.no_prefix_cache,
+        spec: (args.spec_ngram > 0).then(|| kern_sched::SpecConfig { k: args.spec_ngram, min_n: 2, max_n: 4 }),
         offload_bytes: (args.offload_gib.max(0.0) * (1u64 << 30) as f64) as u64,
     };
 
