@@ -88,6 +88,30 @@ pub enum CudaError {
     /// An argument was rejected before any driver call was made.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+
+    /// libnccl could not be loaded (tensor parallelism needs it).
+    #[error("{} (searched: {})", crate::nccl::NO_NCCL_MESSAGE, searched.join(", "))]
+    NoNccl {
+        /// Library names that were searched for.
+        searched: Vec<String>,
+    },
+
+    /// The installed NCCL lacks an entry point (or is older than kern needs).
+    #[error("the installed NCCL ({}) does not provide {call}: kern needs NCCL 2.18 or newer", if *version > 0 { format!("version {}.{}.{}", version / 10000, (version % 10000) / 100, version % 100) } else { "version unknown".to_string() })]
+    NcclTooOld {
+        call: &'static str,
+        /// `ncclGetVersion` (0 when unknown).
+        version: i32,
+    },
+
+    /// An NCCL call returned an error status.
+    #[error("NCCL call {call} failed with {name} (code {code}): {message}")]
+    Nccl {
+        call: &'static str,
+        code: i32,
+        name: String,
+        message: String,
+    },
 }
 
 impl CudaError {

@@ -18,7 +18,10 @@
 //! - [`Stream`] and [`Event`];
 //! - [`LaunchConfig`], [`PackedArgs`] and [`Function::launch`] (with optional
 //!   Programmatic Dependent Launch);
-//! - [`Graph`] / [`GraphExec`] by stream capture.
+//! - [`Graph`] / [`GraphExec`] by stream capture;
+//! - [`nccl`]: NCCL loaded at run time (a typed error when libnccl is missing), communicators
+//!   and collectives for tensor parallelism; [`bootstrap`]: the unique id exchanged over TCP
+//!   between nodes (no GPU, no NCCL needed).
 //!
 //! # Example: VecAdd end to end
 //! ```no_run
@@ -59,6 +62,8 @@ mod graph;
 mod launch;
 mod memory;
 mod module;
+pub mod bootstrap;
+pub mod nccl;
 mod stream;
 
 pub use context::{Context, DeviceProps};

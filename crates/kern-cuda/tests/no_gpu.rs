@@ -327,3 +327,30 @@ fn byte_views_round_trip() {
     as_bytes_mut(&mut w).copy_from_slice(b);
     assert_eq!(w, v);
 }
+
+/// Issue 17: NCCL is loaded at run time like the driver; without libnccl every NCCL entry
+/// point is a typed error that says what to install, never a panic.
+#[test]
+fn nccl_without_the_library_is_a_typed_error_not_a_panic() {
+    use kern_cuda::nccl::{nccl, nccl_available, Comm, UniqueId};
+    // SAFETY: only tries to open the library (the same check kern-cuda does).
+    let present = unsafe { cudarc::nccl::sys::is_culib_present() };
+    if present {
+        assert!(!matches!(nccl(), Err(CudaError::NoNccl { .. })), "libnccl present but got NoNccl");
+        return;
+    }
+    match nccl() {
+        Err(CudaError::NoNccl { searched }) => {
+            assert!(searched.iter().any(|s| s.contains("libnccl")), "{searched:?}");
+        }
+        other => panic!("expected NoNccl, got {other:?}"),
+    }
+    assert!(!nccl_available());
+    let text = UniqueId::new().unwrap_err().to_string();
+    assert!(text.contains("NCCL not found") && text.contains("nvidia-nccl"), "{text}");
+    assert!(matches!(kern_cuda::nccl::group(|| Ok(())), Err(CudaError::NoNccl { .. })));
+    // A communicator needs a context first; without a driver that fails typed too.
+    if let Ok(ctx) = Context::new(0) {
+        assert!(matches!(Comm::init_rank(&ctx, 1, 0, &UniqueId([0; 128])), Err(CudaError::NoNccl { .. })));
+    }
+}
