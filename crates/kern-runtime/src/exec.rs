@@ -63,11 +63,27 @@ struct Prepared {
     shared: Expr,
 }
 
+/// A collective call, ready to go (tensor parallelism, issue 17): issued through the rank's
+/// NCCL communicator on the runtime's stream.
+struct PreparedCollective {
+    call: String,
+    kind: kern_manifest::Collective,
+    /// The bound buffers' addresses, in op parameter order.
+    ptrs: Vec<u64>,
+    /// The shape of the buffer whose elements count (all-reduce: the buffer; all-gather:
+    /// `in`), evaluated per run.
+    shape: Vec<Expr>,
+    ty: kern_cuda::nccl::NcclType,
+}
+
 /// A program prepared for running.
 struct Program {
     launches: Vec<Prepared>,
-    /// For each call of the program, its launches (a range of `launches`).
+    /// For each call of the program, its launches (a range of `launches`; empty for a
+    /// collective).
     call_launches: Vec<std::ops::Range<usize>>,
+    /// For each call, its collective when it is one.
+    collectives: Vec<Option<PreparedCollective>>,
 }
 
 /// A manifest loaded onto a GPU.
@@ -83,6 +99,8 @@ pub struct Runtime {
     // Modules are referenced by graphs without being held by them: keep them for the
     // runtime's life (functions also hold them).
     _modules: Vec<kern_cuda::Module>,
+    /// This rank's NCCL communicator, for a tensor-parallel manifest (`crate::parallel`).
+    comm: Option<kern_cuda::nccl::Comm>,
 }
 
 impl Runtime {
@@ -99,6 +117,12 @@ impl Runtime {
                 if manifest.has_collectives() { ", collective ops" } else { "" }
             )));
         }
+        Self::with_comm(ctx, manifest, plan, None)
+    }
+
+    /// [`Runtime::new`] for one rank of a tensor-parallel manifest: collectives run through
+    /// `comm` (`crate::parallel::ParallelRuntime` makes one per local GPU).
+    pub(crate) fn with_comm(ctx: &Context, manifest: Manifest, plan: MemoryPlan, comm: Option<kern_cuda::nccl::Comm>) -> Result<Runtime> {
         let stream = ctx.stream()?;
         let arena = ctx
             .alloc_zeroed(plan.arena_bytes.max(256) as usize)
@@ -119,7 +143,7 @@ impl Runtime {
                 .map_err(RuntimeError::cuda(format!("loading module `{}` ({}, image {} for {})", m.name, m.path.display(), m.image, manifest.arch)))?;
             modules.push(module);
         }
-        let mut rt = Runtime { manifest, plan, ctx: ctx.clone(), stream, arena, pools, programs: Vec::new(), graphs: HashMap::new(), _modules: modules };
+        let mut rt = Runtime { manifest, plan, ctx: ctx.clone(), stream, arena, pools, programs: Vec::new(), graphs: HashMap::new(), _modules: modules, comm };
         let mut funcs: HashMap<(usize, String), Function> = HashMap::new();
         for p in 0..rt.manifest.programs.len() {
             let prog = rt.prepare(p, &mut funcs)?;
@@ -150,10 +174,17 @@ impl Runtime {
         let program = &m.programs[p];
         let mut launches = Vec::new();
         let mut call_launches = Vec::with_capacity(program.calls.len());
+        let mut collectives = Vec::with_capacity(program.calls.len());
         let max_vars = m.vars_at_max();
         for call in &program.calls {
             let op = &m.ops[call.op.0];
             let first = launches.len();
+            if let Some(kind) = op.collective {
+                collectives.push(Some(self.prepare_collective(call, kind)?));
+                call_launches.push(first..first);
+                continue;
+            }
+            collectives.push(None);
             for (li, l) in op.launches.iter().enumerate() {
                 let key = (l.module.0, l.entry.clone());
                 let func = match funcs.get(&key) {
@@ -214,7 +245,78 @@ impl Runtime {
             }
             call_launches.push(first..launches.len());
         }
-        Ok(Program { launches, call_launches })
+        Ok(Program { launches, call_launches, collectives })
+    }
+
+    fn prepare_collective(&self, call: &kern_manifest::manifest::Call, kind: kern_manifest::Collective) -> Result<PreparedCollective> {
+        let m = &self.manifest;
+        let mut ptrs = vec![];
+        let mut bufs = vec![];
+        for b in &call.args {
+            let Binding::Buf(id) = b else {
+                return Err(RuntimeError::Mismatch(format!("call `{}`: a collective binds buffers only", call.label)));
+            };
+            ptrs.push(self.buffer_ptr(*id));
+            bufs.push(*id);
+        }
+        // all_reduce_sum: the one buffer; all_gather: `in` (params[1]) counts.
+        let counted = match kind {
+            kern_manifest::Collective::AllReduceSum => bufs.first(),
+            kern_manifest::Collective::AllGather => bufs.get(1),
+        }
+        .copied()
+        .ok_or_else(|| RuntimeError::Mismatch(format!("call `{}`: {} needs its buffers", call.label, kind.name())))?;
+        let b = &m.buffers[counted.0];
+        let ty = nccl_type(b.dtype).ok_or_else(|| RuntimeError::Mismatch(format!("call `{}`: NCCL has no {} type", call.label, b.dtype)))?;
+        Ok(PreparedCollective { call: call.label.clone(), kind, ptrs, shape: b.shape.clone(), ty })
+    }
+
+    /// Queues one collective at `vars` on the stream (captured when the stream captures).
+    fn enqueue_collective(&self, c: &PreparedCollective, vars: &[i64], sync_each: bool) -> Result<()> {
+        let comm = self.comm.as_ref().ok_or_else(|| {
+            RuntimeError::Mismatch(format!("call `{}` is a collective ({}): this runtime has no NCCL communicator (run the manifest on the tensor-parallel runtime)", c.call, c.kind.name()))
+        })?;
+        let mut count: u64 = 1;
+        for e in &c.shape {
+            let d = e.eval(vars).map_err(|err| RuntimeError::Var(format!("call `{}`: {err}", c.call)))?;
+            count = count.saturating_mul(d.max(0) as u64);
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let what = || format!("call `{}` ({} of {count} elements, rank {} of {})", c.call, c.kind.name(), comm.rank(), comm.world());
+        // SAFETY: the pointers are buffers of this runtime's arena (on the communicator's GPU,
+        // sized at the vars' max, so `count` elements at `vars` are in bounds; an all-gather's
+        // `out` holds `tp` × `in`, checked by `kern check`); every rank runs the same program,
+        // so the same collectives in the same order.
+        unsafe {
+            match c.kind {
+                kern_manifest::Collective::AllReduceSum => comm.all_reduce_sum(c.ptrs[0], count as usize, c.ty, &self.stream),
+                kern_manifest::Collective::AllGather => comm.all_gather(c.ptrs[1], c.ptrs[0], count as usize, c.ty, &self.stream),
+            }
+        }
+        .map_err(|e| RuntimeError::CudaAt { what: what(), cause: Box::new(e) })?;
+        if sync_each {
+            self.stream.synchronize().map_err(|e| RuntimeError::CudaAt { what: what(), cause: Box::new(e) })?;
+        }
+        Ok(())
+    }
+
+    /// Queues calls `calls` of program `p`: kernel launches, and collectives where the
+    /// program has them (a program without collectives is one run of launches, as before).
+    fn enqueue_calls(&self, p: usize, vars: &[i64], calls: std::ops::Range<usize>, sync_each: bool) -> Result<()> {
+        let r = self.call_range(p, &calls)?;
+        let prog = &self.programs[p];
+        if prog.collectives.iter().all(Option::is_none) {
+            return self.enqueue_launches(p, vars, r, sync_each);
+        }
+        for c in calls {
+            match &prog.collectives[c] {
+                Some(coll) => self.enqueue_collective(coll, vars, sync_each)?,
+                None => self.enqueue_launches(p, vars, prog.call_launches[c].clone(), sync_each)?,
+            }
+        }
+        Ok(())
     }
 
     /// The driver's layout of `f` must be the manifest's (which `kern check` matched with the
@@ -333,7 +435,7 @@ impl Runtime {
 
     /// Queues every launch of program `p` at `vars` on the stream.
     fn enqueue(&self, p: usize, vars: &[i64], sync_each: bool) -> Result<()> {
-        self.enqueue_launches(p, vars, 0..self.programs[p].launches.len(), sync_each)
+        self.enqueue_calls(p, vars, 0..self.programs[p].call_launches.len(), sync_each)
     }
 
     /// Queues launches `range` of program `p` at `vars` on the stream.
@@ -405,8 +507,14 @@ impl Runtime {
 
     /// Streams every weight of the manifest from a checkpoint into the arena (aliases share
     /// their target's memory and are not loaded). `progress(done, total)` in bytes.
-    pub fn load_weights(&self, ckpt: &kern_weights::Checkpoint, mut progress: impl FnMut(u64, u64)) -> Result<u64> {
-        let plan = kern_weights::LoadPlan::for_manifest(ckpt, &self.manifest).map_err(|e| RuntimeError::Data(e.to_string()))?;
+    pub fn load_weights(&self, ckpt: &kern_weights::Checkpoint, progress: impl FnMut(u64, u64)) -> Result<u64> {
+        self.load_weights_for_rank(ckpt, 0, progress)
+    }
+
+    /// [`Runtime::load_weights`] for tensor-parallel rank `rank`: shard sources take that
+    /// rank's slice (`load_weights` is rank 0).
+    pub fn load_weights_for_rank(&self, ckpt: &kern_weights::Checkpoint, rank: u32, mut progress: impl FnMut(u64, u64)) -> Result<u64> {
+        let plan = kern_weights::LoadPlan::for_rank(ckpt, &self.manifest.buffers, rank).map_err(|e| RuntimeError::Data(e.to_string()))?;
         let total = plan.total_bytes();
         plan.stream(
             |c: kern_weights::Chunk<'_>| -> Result<()> {
@@ -449,8 +557,7 @@ impl Runtime {
     /// and waits for them. With `sync_each`, a failing kernel is reported with its call label.
     pub fn run_calls(&self, p: usize, vars: &[i64], calls: std::ops::Range<usize>, sync_each: bool) -> Result<()> {
         self.check_vars(vars)?;
-        let r = self.call_range(p, &calls)?;
-        self.enqueue_launches(p, vars, r, sync_each)?;
+        self.enqueue_calls(p, vars, calls, sync_each)?;
         self.stream.synchronize().map_err(|e| self.fault_unknown(e))
     }
 
@@ -459,13 +566,13 @@ impl Runtime {
     /// same stream first (outside the measured range), so the calls start with a cold L2.
     pub fn time_calls(&self, p: usize, vars: &[i64], calls: std::ops::Range<usize>, flush: Option<&DeviceBuffer>) -> Result<f32> {
         self.check_vars(vars)?;
-        let r = self.call_range(p, &calls)?;
+        self.call_range(p, &calls)?;
         let (start, end) = (self.ctx.event()?, self.ctx.event()?);
         if let Some(f) = flush {
             f.memset_u8_async(0, f.len(), 0x5a, &self.stream)?;
         }
         start.record(&self.stream)?;
-        self.enqueue_launches(p, vars, r, false)?;
+        self.enqueue_calls(p, vars, calls, false)?;
         end.record(&self.stream)?;
         self.stream.synchronize().map_err(|e| self.fault_unknown(e))?;
         Ok(Event::elapsed_ms(&start, &end)?)
@@ -529,6 +636,27 @@ fn to_cuda(e: RuntimeError) -> kern_cuda::CudaError {
 }
 
 /// The next power of two ≥ `v`, capped at `max`.
+/// The NCCL element type of a manifest dtype (none for i16, u16, bool).
+pub(crate) fn nccl_type(d: kern_manifest::DType) -> Option<kern_cuda::nccl::NcclType> {
+    use kern_cuda::nccl::NcclType as N;
+    use kern_manifest::DType as D;
+    Some(match d {
+        D::Bf16 => N::Bf16,
+        D::F16 => N::F16,
+        D::F32 => N::F32,
+        D::F64 => N::F64,
+        D::F8e4m3 => N::F8e4m3,
+        D::F8e5m2 => N::F8e5m2,
+        D::I8 => N::I8,
+        D::U8 => N::U8,
+        D::I32 => N::I32,
+        D::U32 => N::U32,
+        D::I64 => N::I64,
+        D::U64 => N::U64,
+        D::I16 | D::U16 | D::Bool => return None,
+    })
+}
+
 pub fn bucket(v: i64, max: i64) -> i64 {
     let v = v.max(1);
     let b = (v as u64).next_power_of_two() as i64;

@@ -5,6 +5,9 @@
 //! * [`exec`]: the [`Runtime`] loads each module once, resolves every entry, cross-checks
 //!   each kernel's parameter layout with the driver, prepares every launch's parameter bytes
 //!   and runs programs eagerly or as CUDA graphs replayed per var bucket.
+//! * [`parallel`]: tensor parallelism — one [`Runtime`] per local GPU with its NCCL
+//!   communicator, step inputs broadcast, ranks run side by side, collectives captured in
+//!   each rank's CUDA graphs (issue 17).
 //! * [`npy`] and [`data`]: host-side arrays — `.npy` files, dtype conversion, generated inputs.
 //!
 //! The runtime never calls the driver itself: everything GPU goes through `kern-cuda`.
@@ -13,8 +16,10 @@ pub mod data;
 pub mod error;
 pub mod exec;
 pub mod npy;
+pub mod parallel;
 pub mod plan;
 
 pub use error::{Result, RuntimeError};
 pub use exec::{Mode, RunStats, Runtime};
+pub use parallel::{ParallelRuntime, RankSetup};
 pub use plan::{MemoryPlan, PlanOptions};
