@@ -47,9 +47,37 @@ pub struct Args {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// Load the weights from this checkpoint (a directory or file) before running; each
+    /// tensor-parallel rank loads its own slices.
+    #[arg(long)]
+    weights: Option<PathBuf>,
+    /// Tensor parallelism: this node's GPUs, one rank each (default: 0..tp/nnodes).
+    #[arg(long, value_delimiter = ',')]
+    devices: Vec<usize>,
+    /// Tensor parallelism over several nodes: how many (one kern process per node).
+    #[arg(long, default_value_t = 1)]
+    nnodes: u32,
+    /// This node's index, 0..nnodes (node 0 makes the NCCL id and writes the outputs).
+    #[arg(long, default_value_t = 0)]
+    node_rank: u32,
+    /// Node 0's address, HOST[:PORT] (default port 29500), reachable from every node.
+    #[arg(long, default_value = "127.0.0.1")]
+    master_addr: String,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    // A tensor-parallel manifest (issue 17) runs on every local GPU; read `parallel` without
+    // a GPU first.
+    let text = std::fs::read(&args.manifest).with_context(|| format!("cannot read {}", args.manifest.display()))?;
+    if let Ok(raw) = kern_manifest::parse_raw(&text, &args.manifest.display().to_string()) {
+        let collectives = raw.ops.values().any(|o| o.implementation.collective.is_some());
+        if raw.parallel.is_some() || collectives {
+            return run_parallel(args, &text);
+        }
+    }
+    if !args.devices.is_empty() || args.nnodes != 1 {
+        bail!("--devices and --nnodes are for tensor-parallel manifests (with a `parallel` section); {} has none", args.manifest.display());
+    }
     let ctx = kern_cuda::Context::new(args.device)?;
     let props = ctx.props();
     let arch = kern_binary::Arch::new(props.cc_major * 10 + props.cc_minor);
@@ -61,6 +89,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let (free, _) = ctx.mem_info()?;
     let p = plan::plan(&m, &plan::PlanOptions { budget: Some(free as u64), reserve: plan::PlanOptions::default().reserve.min(free as u64 / 4) })?;
     let mut rt = Runtime::new(&ctx, m, p)?;
+    if let Some(w) = &args.weights {
+        let ckpt = kern_weights::Checkpoint::open(w)?;
+        let bytes = rt.load_weights(&ckpt, |_, _| {})?;
+        eprintln!("loaded {} of weights from {}", human(bytes), w.display());
+    }
     for spec in &args.inputs {
         fill_input(&rt, spec, &vars)?;
     }
@@ -92,6 +125,111 @@ pub fn run(args: Args) -> Result<ExitCode> {
     };
     for spec in &outputs {
         write_output(&rt, spec, &vars, &args.out_dir, args.raw)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn human(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / f64::from(1u32 << 30))
+}
+
+/// A fingerprint every node of one job shares: the manifest's bytes and the job's shape.
+fn job_key(manifest: &[u8], nnodes: u32, local: usize) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in manifest.iter().chain(&nnodes.to_le_bytes()).chain(&(local as u64).to_le_bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// `kern run` for a tensor-parallel manifest: every local GPU runs one rank (one process per
+/// node; node 0 makes the NCCL id and hands it to the others over TCP), the inputs go to every
+/// rank, and node 0 writes rank 0's outputs (saying whether its local ranks agree).
+fn run_parallel(args: Args, text: &[u8]) -> Result<ExitCode> {
+    use kern_runtime::{ParallelRuntime, RankSetup};
+    if args.nnodes == 0 || args.node_rank >= args.nnodes {
+        bail!("--node-rank {} of --nnodes {}: nodes are 0 to nnodes-1", args.node_rank, args.nnodes);
+    }
+    let probe = kern_cuda::Context::new(args.devices.first().copied().unwrap_or(0))?;
+    let props = probe.props();
+    let arch = kern_binary::Arch::new(props.cc_major * 10 + props.cc_minor);
+    let first = crate::check::load(&args.manifest, arch)?;
+    let tp = first.tp();
+    if tp % args.nnodes != 0 {
+        bail!("the manifest's tp = {tp} does not divide into --nnodes {}: every node runs tp / nnodes ranks", args.nnodes);
+    }
+    let local = (tp / args.nnodes) as usize;
+    let devices: Vec<usize> = if args.devices.is_empty() { (0..local).collect() } else { args.devices.clone() };
+    if devices.len() != local {
+        bail!("--devices gives {} GPU(s), and tp = {tp} over {} node(s) needs {local} per node", devices.len(), args.nnodes);
+    }
+    let vars = parse_vars(&first, &args.sets)?;
+    let program = first.programs.iter().position(|p| p.name == args.program).ok_or_else(|| anyhow!("{}: no program `{}`", args.manifest.display(), args.program))?;
+    let mut setups = Vec::with_capacity(local);
+    let mut manifest = Some(first);
+    for &d in &devices {
+        let ctx = kern_cuda::Context::new(d)?;
+        let m = match manifest.take() {
+            Some(m) => m,
+            None => crate::check::load(&args.manifest, arch)?,
+        };
+        let (free, _) = ctx.mem_info()?;
+        let plan = plan::plan(&m, &plan::PlanOptions { budget: Some(free as u64), reserve: plan::PlanOptions::default().reserve.min(free as u64 / 4) })?;
+        setups.push(RankSetup { ctx, manifest: m, plan });
+    }
+    let master = kern_cuda::bootstrap::master_addr(&args.master_addr)?;
+    let job = kern_cuda::bootstrap::Job { nnodes: args.nnodes, key: job_key(text, args.nnodes, local) };
+    let id = kern_cuda::bootstrap::exchange::<anyhow::Error>(master, args.node_rank, &job, std::time::Duration::from_secs(300), || {
+        Ok(kern_cuda::nccl::UniqueId::new()?.0)
+    })?;
+    let info = kern_cuda::nccl::nccl()?;
+    let first_rank = args.node_rank * local as u32;
+    let mut pr = ParallelRuntime::new(setups, first_rank, &kern_cuda::nccl::UniqueId(id))?;
+    if let Some(w) = &args.weights {
+        let ckpt = kern_weights::Checkpoint::open(w)?;
+        let bytes = pr.load_weights(&ckpt, |_, _, _| {})?;
+        eprintln!("loaded {} of weights on {local} GPU(s) from {}", human(bytes), w.display());
+    }
+    for rt in pr.ranks() {
+        for spec in &args.inputs {
+            fill_input(rt, spec, &vars)?;
+        }
+    }
+    let mode = if args.graph { Mode::Graph } else { Mode::Eager { sync_each: args.sync_each } };
+    let mut times = Vec::new();
+    for _ in 0..args.iters.max(1) {
+        let stats = pr.run(program, &vars, mode)?;
+        // The step's time is the slowest rank's.
+        times.push(stats.iter().map(|s| s.gpu_ms).fold(0f32, f32::max));
+    }
+    times.sort_by(f32::total_cmp);
+    eprintln!(
+        "ran `{}` on ranks {first_rank}..{} of tp = {tp} (GPUs {devices:?}, {}, NCCL {}), {} mode, GPU time {:.3} ms (slowest rank{})",
+        args.program,
+        first_rank as usize + local,
+        props.name,
+        info.version_string(),
+        if args.graph { "graph" } else { "eager" },
+        times[times.len() / 2],
+        if times.len() > 1 { format!(", median of {}", times.len()) } else { String::new() }
+    );
+    if args.node_rank != 0 {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rt0 = &pr.ranks()[0];
+    let outputs: Vec<String> = if args.outputs.is_empty() {
+        rt0.manifest.buffers.iter().filter(|b| b.role == kern_manifest::raw::Role::Output).map(|b| b.name.clone()).collect()
+    } else {
+        args.outputs.clone()
+    };
+    for spec in &outputs {
+        write_output(rt0, spec, &vars, &args.out_dir, args.raw)?;
+        let name = spec.split_once('=').map_or(spec.as_str(), |(n, _)| n);
+        let b = buffer(rt0, name, "--output")?;
+        let (_, n) = elements(rt0, b, &vars)?;
+        let all = pr.read_buffer_all(b, n * rt0.manifest.buffers[b.0].dtype.size() as usize)?;
+        let same = all.iter().all(|x| *x == all[0]);
+        eprintln!("  `{name}` on the {local} local rank(s): {}", if same { "bit-identical" } else { "DIFFERENT (replicated outputs should agree)" });
     }
     Ok(ExitCode::SUCCESS)
 }

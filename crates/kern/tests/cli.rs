@@ -101,3 +101,22 @@ fn schema_subcommand_matches_the_checked_in_schema() {
     assert_eq!(code, 0);
     assert_eq!(out, std::fs::read_to_string(root().join("schema/manifest.schema.json")).unwrap());
 }
+
+/// Issue 17: a tensor-parallel manifest takes the multi-GPU path of `kern run`; without a
+/// driver it fails as clearly as a single-GPU one, and the TP flags are refused for
+/// single-GPU manifests.
+#[test]
+fn tensor_parallel_run_without_a_driver_fails_clearly() {
+    let m = root().join("tests/manifests/parallel/model.json");
+    let (code, _, err) = kern(&["run", m.to_str().unwrap(), "--nnodes", "2", "--node-rank", "2"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--node-rank 2 of --nnodes 2"), "{err}");
+    if !kern_cuda::driver_available() {
+        let (code, _, err) = kern(&["run", m.to_str().unwrap()]);
+        assert_eq!(code, 1);
+        assert!(err.contains("no CUDA driver found") && !err.contains("panicked"), "{err}");
+    }
+    let (code, _, err) = kern(&["run", "examples/vecadd/model.json", "--devices", "0,1"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--devices and --nnodes are for tensor-parallel manifests"), "{err}");
+}
