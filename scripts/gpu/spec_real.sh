@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Speculative decoding with n-gram drafts on the real model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M,
+# from its GGUF: /tmp/qwen2.5-coder-0.5b-q4km.gguf, reassembled from /tmp/stage/part.* if needed):
+# code-editing chat prompts whose answer repeats the code in the prompt, greedy, batch 1 and 4,
+# `kern generate` with and without --spec-ngram; identical tokens, acceptance and speed-up.
+set -uo pipefail
+K=${KERN:-.carry/kern}
+G=${KERN_GGUF:-/tmp/qwen2.5-coder-0.5b-q4km.gguf}
+W=/tmp/kern-spec-real
+mkdir -p $W
+[[ -f $G ]] || cat /tmp/stage/part.* > $G
+$K pack --gguf $G -o $W/model --kernels build/packs/qwen3 --max-tokens 512 --max-seqs 32 --max-context 2048 >/dev/null || { echo "pack failed"; exit 1; }
+code1='def total(items):\n    result = 0\n    for item in items:\n        if item.price > 0:\n            result += item.price * item.quantity\n    return result\n\ndef average(items):\n    if not items:\n        return 0\n    return total(items) / len(items)\n'
+code2='class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n\n    def is_empty(self):\n        return len(self.items) == 0\n'
+code3='fn parse(line: &str) -> Vec<u32> {\n    line.split(\x27,\x27)\n        .map(|s| s.trim().parse().unwrap())\n        .collect()\n}\n\nfn main() {\n    let v = parse("1, 2, 3");\n    println!("{:?}", v);\n}\n'
+code4='function add(a, b) {\n  return a + b;\n}\n\nfunction mul(a, b) {\n  return a * b;\n}\n\nmodule.exports = { add, mul };\n'
+p1=$(printf "Rename the function total to compute_total everywhere in this code and print the whole updated code:\n\n$code1")
+p2=$(printf "Add a method peek that returns the top item without removing it, and print the whole updated class:\n\n$code2")
+p3=$(printf "Replace unwrap() with expect(\"bad number\") and print the whole updated program:\n\n$code3")
+p4=$(printf "Add a function sub(a, b) and export it too; print the whole updated file:\n\n$code4")
+fails=0
+for batch in 1 4; do
+  args=(--prompt "$p1")
+  [[ $batch == 4 ]] && args+=(--prompt "$p2" --prompt "$p3" --prompt "$p4")
+  for mode in plain spec; do
+    extra=(); [[ $mode == spec ]] && extra=(--spec-ngram 5)
+    $K generate --model $W/model --chat "${args[@]}" --max-tokens 256 --dump $W/$mode-$batch "${extra[@]}" > $W/$mode-$batch.out 2>$W/$mode-$batch.log || { cat $W/$mode-$batch.log; fails=1; continue; }
+    grep -E "decode|speculative" $W/$mode-$batch.log | sed "s/^/[$mode batch $batch] /"
+  done
+  python3 - $W $batch <<'PY' || fails=1
+import json, re, sys
+w, b = sys.argv[1], sys.argv[2]
+a = json.load(open(f"{w}/plain-{b}/tokens.json"))["outputs"]
+s = json.load(open(f"{w}/spec-{b}/tokens.json"))["outputs"]
+same = sum(x == y for x, y in zip(a, s))
+firsts = [next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), None) for x, y in zip(a, s)]
+rate = lambda f: float(re.search(r"decode \d+ tokens in \d+ steps, ([\d.]+) tok/s", open(f).read()).group(1))
+acc = re.search(r"(\d+) of (\d+) draft tokens accepted \(([\d.]+)%\) in (\d+) verify rows", open(f"{w}/spec-{b}.log").read())
+r0, r1 = rate(f"{w}/plain-{b}.log"), rate(f"{w}/spec-{b}.log")
+print(f"RESULT real model batch {b}: identical {same}/{len(a)} (first differences at {[f for f in firsts if f is not None]}), "
+      f"decode {r0:.1f} -> {r1:.1f} tok/s ({r1 / r0:.2f}x), accepted {acc.group(1)}/{acc.group(2)} ({acc.group(3)}%), "
+      f"{int(acc.group(1)) / max(int(acc.group(4)), 1) + 1:.2f} tokens per verify")
+sys.exit(0)
+PY
+done
+echo "== batch 1 answer (spec):"; head -c 700 $W/spec-1.out
+exit $fails
