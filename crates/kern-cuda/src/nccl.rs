@@ -281,7 +281,10 @@ impl Comm {
         check("a collective (asynchronous error)", status)
     }
 
+    /// The stream must be on this communicator's GPU; binds that GPU's context to the calling
+    /// thread (NCCL takes the current device as the communicator's).
     fn same_context(&self, stream: &Stream) -> Result<()> {
+        self.ctx.bind()?;
         if stream.context().ordinal() != self.ctx.ordinal() {
             return Err(CudaError::invalid(format!(
                 "rank {}'s communicator is on GPU {}, the stream on GPU {}",
