@@ -46,11 +46,14 @@ pub struct EngineConfig {
     pub offload_bytes: u64,
     /// Speculative decoding with prompt-lookup drafts (None: off).
     pub spec: Option<kern_sched::SpecConfig>,
+    /// Keep a record of every step (`Engine::step_records`) and measure the copy bandwidth at
+    /// start (`EngineInfo::copy_gbs`): for benchmarks.
+    pub record_steps: bool,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { max_seqs: None, max_batched_tokens: None, max_queue: 4096, eos: vec![], prefix_cache: true, offload_bytes: 0, spec: None }
+        EngineConfig { max_seqs: None, max_batched_tokens: None, max_queue: 4096, eos: vec![], prefix_cache: true, offload_bytes: 0, spec: None, record_steps: false }
     }
 }
 
@@ -74,6 +77,27 @@ pub struct EngineInfo {
     pub max_batched_tokens: usize,
     /// Seconds from `start` to ready (model load and warm-up).
     pub startup_secs: f64,
+    /// Bytes of weights (the model's report).
+    pub weight_bytes: u64,
+    /// Bytes of per-token state per token (all per-token states).
+    pub state_bytes_per_token: u64,
+    /// Device copy bandwidth measured at start, GB/s (with `record_steps`).
+    pub copy_gbs: Option<f64>,
+}
+
+/// One step, as `record_steps` keeps it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepRecord {
+    /// Every row had one token (decode or verify).
+    pub decode: bool,
+    /// Rows (sequences, or positions of verify rows) and tokens computed.
+    pub rows: usize,
+    pub tokens: usize,
+    /// Context tokens the step's rows attend over, summed (KV read).
+    pub context: usize,
+    /// Host time around the model's step and GPU time of its program (when measured), ms.
+    pub wall_ms: f64,
+    pub gpu_ms: Option<f32>,
 }
 
 /// Steps of one kind.
@@ -124,6 +148,7 @@ struct Inner {
     running: AtomicUsize,
     metrics: Metrics,
     phases: Mutex<Phases>,
+    records: Mutex<Vec<StepRecord>>,
     max_queue: usize,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -192,6 +217,7 @@ impl Engine {
             running: AtomicUsize::new(0),
             metrics: Metrics::new(),
             phases: Mutex::new(Phases::default()),
+            records: Mutex::new(Vec::new()),
             max_queue: cfg.max_queue,
             thread: Mutex::new(None),
         });
@@ -240,6 +266,11 @@ impl Engine {
 
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// The steps recorded so far (with `EngineConfig::record_steps`), taken.
+    pub fn take_step_records(&self) -> Vec<StepRecord> {
+        std::mem::take(&mut *self.inner.records.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Steps so far, split into prefill (any prompt chunk) and pure decode steps; time is host
@@ -428,7 +459,18 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
     );
     let m = &inner.metrics;
     m.kv_total_pages.set(mi.total_pages as i64);
-    let _ = inner.info.set(EngineInfo { model: mi.clone(), limits: sched.limits(), max_seqs, max_batched_tokens: chunk, startup_secs: t0.elapsed().as_secs_f64() });
+    let copy_gbs = if cfg.record_steps { model.measure_copy_bandwidth() } else { None };
+    let state_bytes_per_token = (model.page_bytes() / mi.page_tokens.max(1)) as u64;
+    let _ = inner.info.set(EngineInfo {
+        model: mi.clone(),
+        limits: sched.limits(),
+        max_seqs,
+        max_batched_tokens: chunk,
+        startup_secs: t0.elapsed().as_secs_f64(),
+        weight_bytes: model.weight_bytes(),
+        state_bytes_per_token,
+        copy_gbs,
+    });
     inner.state.send_if_modified(|s| {
         if *s == State::Loading {
             *s = State::Ready;
@@ -612,6 +654,17 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
             ph.steps += 1;
             ph.tokens += n as u64;
             ph.secs += now.elapsed().as_secs_f64();
+        }
+        if cfg.record_steps {
+            let rec = StepRecord {
+                decode: step.is_decode(),
+                rows: step.real_seqs,
+                tokens: step.real_tokens,
+                context: step.seq_lens.iter().take(step.real_seqs).map(|&l| l.max(0) as usize).sum(),
+                wall_ms: now.elapsed().as_secs_f64() * 1e3,
+                gpu_ms: model.last_gpu_ms(),
+            };
+            inner.records.lock().unwrap_or_else(|p| p.into_inner()).push(rec);
         }
         let stores = sched.take_stores();
         if !stores.is_empty() {

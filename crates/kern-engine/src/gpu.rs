@@ -89,6 +89,7 @@ pub struct GpuModel {
     info: ModelInfo,
     graphs: bool,
     capture_at_start: bool,
+    last_gpu_ms: Option<f32>,
     nvars: usize,
     pub report: LoadReport,
     // Declared last: dropped after the runtime that uses it.
@@ -193,7 +194,7 @@ impl GpuModel {
             None => 0,
         };
         let report = LoadReport { device_name: props.name.clone(), weight_bytes, load_secs: t0.elapsed().as_secs_f64(), pages, page_tokens };
-        Ok(GpuModel { rt, pools, offload: None, step, info, graphs: opts.graphs, capture_at_start: opts.capture_at_start, nvars, report, _ctx: ctx })
+        Ok(GpuModel { rt, pools, offload: None, step, info, graphs: opts.graphs, capture_at_start: opts.capture_at_start, last_gpu_ms: None, nvars, report, _ctx: ctx })
     }
 
     fn write(&self, b: BufferId, bytes: Vec<u8>) -> Result<(), ModelError> {
@@ -230,7 +231,7 @@ impl GpuModel {
         if o.pending.is_empty() {
             return Ok(());
         }
-        if o.last_store.as_ref().map_or(true, |e| e.is_complete().unwrap_or(false)) {
+        if o.last_store.as_ref().is_none_or(|e| e.is_complete().unwrap_or(false)) {
             o.pending.clear();
             return Ok(());
         }
@@ -265,6 +266,35 @@ impl Model for GpuModel {
 
     fn page_bytes(&self) -> usize {
         self.pools.iter().map(|p| p.page_bytes).sum()
+    }
+
+    fn last_gpu_ms(&self) -> Option<f32> {
+        self.last_gpu_ms
+    }
+
+    fn weight_bytes(&self) -> u64 {
+        self.report.weight_bytes
+    }
+
+    /// Copies 1 GiB device to device 10 times (after 3 warm-ups) and times them with events:
+    /// read + write bytes over time, the bandwidth a memory-bound step can reach.
+    fn measure_copy_bandwidth(&mut self) -> Option<f64> {
+        let ctx = self.rt.context().clone();
+        let len = 1usize << 30;
+        let (a, b) = (ctx.alloc(len).ok()?, ctx.alloc(len).ok()?);
+        let s = self.rt.stream();
+        for _ in 0..3 {
+            b.copy_from_device_async(0, &a, 0, len, s).ok()?;
+        }
+        let (start, end) = (kern_cuda::Event::new(&ctx, true).ok()?, kern_cuda::Event::new(&ctx, true).ok()?);
+        start.record(s).ok()?;
+        for _ in 0..10 {
+            b.copy_from_device_async(0, &a, 0, len, s).ok()?;
+        }
+        end.record(s).ok()?;
+        s.synchronize().ok()?;
+        let ms = kern_cuda::Event::elapsed_ms(&start, &end).ok()? as f64;
+        Some(10.0 * 2.0 * len as f64 / (ms / 1e3) / 1e9)
     }
 
     fn init_host_tier(&mut self, slots: usize) -> Result<(), ModelError> {
@@ -348,7 +378,8 @@ impl Model for GpuModel {
         vars[self.step.seqs.0] = st.num_seqs as i64;
         vars[self.step.pages.0] = self.info.pages_per_seq as i64;
         let graph = st.is_decode() && self.graphs;
-        self.rt.run(0, &vars, if graph { Mode::Graph } else { Mode::Eager { sync_each: false } }).map_err(err)?;
+        let stats = self.rt.run(0, &vars, if graph { Mode::Graph } else { Mode::Eager { sync_each: false } }).map_err(err)?;
+        self.last_gpu_ms = Some(stats.gpu_ms);
         let bytes = self.rt.read_buffer(self.step.sampled, st.real_seqs * 4).map_err(err)?;
         let sampled = bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         let logits = match (want_logits, self.step.logits) {

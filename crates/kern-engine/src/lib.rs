@@ -7,6 +7,7 @@
 //! tests run on. Clients (`kern generate`, `kern serve`) only submit [`Request`]s and read
 //! [`Event`]s.
 
+pub mod bench;
 mod engine;
 pub mod fake;
 pub mod gpu;
@@ -16,7 +17,7 @@ mod output;
 mod request;
 pub mod sample;
 
-pub use engine::{Engine, EngineConfig, EngineInfo, Phase, Phases, RequestHandle, State, SubmitError};
+pub use engine::{Engine, EngineConfig, EngineInfo, Phase, Phases, RequestHandle, State, StepRecord, SubmitError};
 pub use metrics::Metrics;
 pub use model::{Model, ModelError, ModelInfo, StepOutput};
 pub use request::{Event, FinishReason, Request, RequestId, Sampling, StopReason, TokenLogprob};

@@ -95,6 +95,21 @@ pub trait Model {
         (0, 0.0)
     }
 
+    /// GPU time of the last step's program run (CUDA events), when the model measures it.
+    fn last_gpu_ms(&self) -> Option<f32> {
+        None
+    }
+
+    /// Bytes of weights the model reads per step (the memory floor of a decode step).
+    fn weight_bytes(&self) -> u64 {
+        0
+    }
+
+    /// Device-to-device copy bandwidth measured now, GB/s (the floor's denominator).
+    fn measure_copy_bandwidth(&mut self) -> Option<f64> {
+        None
+    }
+
     /// Work before the first request (e.g. capturing CUDA graphs); `progress(done, total)`.
     fn warm_up(&mut self, _progress: &mut dyn FnMut(usize, usize)) -> Result<(), ModelError> {
         Ok(())

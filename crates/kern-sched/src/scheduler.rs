@@ -319,8 +319,8 @@ impl Scheduler {
                 break;
             }
             let mut draft_ok = true;
-            loop {
-                let Some(i) = self.running.iter().position(|s| s.id == id) else { break }; // preempted
+            // Until it fits, or is preempted itself (then it is no longer running).
+            while let Some(i) = self.running.iter().position(|s| s.id == id) {
                 let s = &mut self.running[i];
                 let n = s.left().min(budget);
                 let mut draft = Vec::new();
@@ -785,6 +785,8 @@ mod tests {
             let page_tokens = 4;
             let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 64, pages_per_seq: 16, spec: None }, BlockManager::new(pages, page_tokens));
             let mut fake = Fake { kv: vec![None; pages * page_tokens] };
+            // (id, prompt, max tokens, abort at step, tokens so far, aborted)
+            #[allow(clippy::type_complexity)]
             let mut live: Vec<(SeqId, Vec<u32>, usize, Option<usize>, Vec<u32>, bool)> = Vec::new();
             for (plen, max_tokens, salt, abort_at) in reqs {
                 let prompt: Vec<u32> = (0..plen as u32).map(|t| t * 31 + salt).collect();
@@ -970,7 +972,7 @@ mod tests {
     /// sometimes, rejected other times): copy the token 5 back, except where a hash says not to.
     fn repeaty(ctx: &[u32]) -> u32 {
         let h = next_token(ctx);
-        if ctx.len() >= 5 && h % 3 != 0 { ctx[ctx.len() - 5] } else { h }
+        if ctx.len() >= 5 && !h.is_multiple_of(3) { ctx[ctx.len() - 5] } else { h }
     }
 
     fn reference_with(rule: fn(&[u32]) -> u32, prompt: &[u32], n: usize) -> Vec<u32> {

@@ -284,7 +284,8 @@ fn sse(state: AppState, job: Job, api: Api, rid: String, model: String, created:
             match e {
                 Some(Event::Output { text, tokens, logprobs: lps, .. }) => {
                     completion[i] += tokens.len();
-                    if text.is_empty() && !(logprobs && !lps.is_empty()) && !(token_ids && !tokens.is_empty()) {
+                    let carries = !text.is_empty() || (logprobs && !lps.is_empty()) || (token_ids && !tokens.is_empty());
+                    if !carries {
                         continue;
                     }
                     let lpv = if !logprobs { Value::Null } else if api == Api::Chat { chat_logprobs(sh, &lps) } else { completion_logprobs(sh, &lps, offsets[i]) };

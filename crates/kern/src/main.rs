@@ -1,6 +1,7 @@
 //! `kern`: the command-line front end. Each subcommand lives in its own module and is a thin
 //! layer over the library crates; errors are reported here, once, with `anyhow`.
 
+mod bench;
 mod check;
 mod dump;
 mod extract;
@@ -41,6 +42,7 @@ enum Command {
     RandomWeights(pack::RandomArgs),
     Generate(generate::Args),
     Serve(serve::Args),
+    Bench(bench::Args),
     Test(test::Args),
 }
 
@@ -69,6 +71,7 @@ fn main() -> ExitCode {
         Command::RandomWeights(a) => pack::random(a),
         Command::Generate(a) => generate::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Bench(a) => bench::run(a),
         Command::Test(a) => test::run(a),
     };
     match result {

@@ -142,8 +142,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_queue: args.max_queue,
         eos: tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),
         prefix_cache: !args.no_prefix_cache,
-        spec: (args.spec_ngram > 0).then(|| kern_sched::SpecConfig { k: args.spec_ngram, min_n: 2, max_n: 4 }),
+        spec: (args.spec_ngram > 0).then_some(kern_sched::SpecConfig { k: args.spec_ngram, min_n: 2, max_n: 4 }),
         offload_bytes: (args.offload_gib.max(0.0) * (1u64 << 30) as f64) as u64,
+        record_steps: false,
     };
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
