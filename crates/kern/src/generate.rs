@@ -29,7 +29,8 @@ pub struct Args {
     /// A prompt as comma-separated token ids (repeatable).
     #[arg(long = "prompt-ids", value_name = "IDS")]
     prompt_ids: Vec<String>,
-    /// Wrap text prompts in the ChatML chat template (user turn, then the assistant's).
+    /// Wrap text prompts in the model's chat template (a user turn, then the assistant's; ChatML
+    /// when the tokenizer has no template).
     #[arg(long)]
     chat: bool,
     /// New tokens per prompt at most.
@@ -112,9 +113,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
         None
     };
     let mut prompts: Vec<Vec<u32>> = Vec::new();
+    // --chat: the model's own chat template (as `kern serve` renders it), else ChatML.
+    let template = match (args.chat, tokenizer.as_ref().and_then(|t| t.chat_template_renderer())) {
+        (true, Some(Ok(t))) => Some(t),
+        (true, Some(Err(e))) => bail!("the model's chat template does not compile: {e}"),
+        _ => None,
+    };
     for p in &args.prompts {
         let tok = tokenizer.as_ref().expect("checked above");
-        let text = if args.chat { kern_tokenizer::chatml(&[("user", p.as_str())]) } else { p.clone() };
+        let text = match (&template, args.chat) {
+            (Some(t), _) => t.render(&serde_json::json!([{"role": "user", "content": p}]), None, true, None).map_err(|e| anyhow!("--prompt {p:?}: the chat template refused it: {e}"))?,
+            (None, true) => kern_tokenizer::chatml(&[("user", p.as_str())]),
+            (None, false) => p.clone(),
+        };
         prompts.push(tok.encode(&text, false)?);
     }
     for p in &args.prompt_ids {
