@@ -246,6 +246,65 @@ impl GpuModel {
         Ok(())
     }
 
+    /// Profiles one step of `batch` sequences with `context`-token prompts: the prefill step that
+    /// starts them (`prefill`), or a decode step after their prompts were computed. Returns a
+    /// description of the step and every call's timing.
+    pub fn profile(&mut self, batch: usize, context: usize, prefill: bool) -> Result<(String, Vec<crate::profile::CallTiming>), ModelError> {
+        use kern_sched::{BlockManager, SamplingParams, Scheduler, SchedulerConfig};
+        let mi = self.info.clone();
+        if batch == 0 || batch > mi.max_step_seqs || context == 0 || context + 2 > mi.max_context() {
+            return Err(err(format!("batch {batch} × context {context} does not fit this model ({} sequences, {} tokens of context)", mi.max_step_seqs, mi.max_context())));
+        }
+        let cfg = SchedulerConfig { chunk: mi.max_step_tokens, max_seqs: mi.max_step_seqs, max_context: mi.max_context(), pages_per_seq: mi.pages_per_seq, spec: None };
+        let mut sched = Scheduler::new(cfg, BlockManager::new(mi.total_pages, mi.page_tokens).with_prefix_cache(false));
+        let vocab = if mi.vocab > 0 { mi.vocab as u64 } else { 1000 };
+        for i in 0..batch as u64 {
+            let prompt: Vec<u32> = (0..context as u64).map(|t| ((t * 7919 + i * 104_729 + 13) % vocab) as u32).collect();
+            sched.add(prompt, SamplingParams { max_tokens: 2, ignore_eos: true, ..Default::default() }).map_err(|e| err(e.to_string()))?;
+        }
+        loop {
+            let st = sched.schedule(|t, s, _| (t, s)).ok_or_else(|| err("the scheduler produced no step"))?;
+            if prefill || st.is_decode() {
+                let what = format!("{} step: {} sequences, {} tokens", if st.is_decode() { "decode" } else { "prefill" }, st.real_seqs, st.real_tokens);
+                let calls = self.profile_step(&st)?;
+                return Ok((what, calls));
+            }
+            let out = self.step(&st, false)?;
+            sched.commit(&st, &out.sampled);
+        }
+    }
+
+    /// Uploads `st` and times every call of the program on it, one by one (eager, CUDA events
+    /// around each call), with the bytes of the buffers each call binds at the step's vars.
+    /// The step's KV writes happen as in a real step.
+    pub fn profile_step(&mut self, st: &Step) -> Result<Vec<crate::profile::CallTiming>, ModelError> {
+        self.upload(st)?;
+        let mut vars = vec![1i64; self.nvars];
+        vars[self.step.tokens.0] = st.tokens as i64;
+        vars[self.step.seqs.0] = st.num_seqs as i64;
+        vars[self.step.pages.0] = self.info.pages_per_seq as i64;
+        let m = &self.rt.manifest;
+        let calls = &m.programs[0].calls;
+        let mut out = Vec::with_capacity(calls.len());
+        for (i, call) in calls.iter().enumerate() {
+            let ms = self.rt.time_calls(0, &vars, i..i + 1, None).map_err(err)? as f64;
+            let bytes: u64 = call
+                .args
+                .iter()
+                .filter_map(|b| match b {
+                    kern_manifest::manifest::Binding::Buf(id) => {
+                        let buf = &m.buffers[id.0];
+                        let elems = buf.shape.iter().try_fold(1u64, |acc, e| e.eval(&vars).ok().map(|d| acc * d.max(0) as u64));
+                        elems.map(|n| n * buf.dtype.size())
+                    }
+                    _ => None,
+                })
+                .sum();
+            out.push(crate::profile::CallTiming { label: call.label.clone(), op: m.ops[call.op.0].name.clone(), ms, bytes });
+        }
+        Ok(out)
+    }
+
     fn bucket(&self, n: usize, max: usize) -> usize {
         kern_runtime::exec::bucket(n as i64, max as i64) as usize
     }

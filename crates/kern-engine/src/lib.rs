@@ -11,6 +11,7 @@ pub mod bench;
 mod engine;
 pub mod fake;
 pub mod gpu;
+pub mod profile;
 mod metrics;
 mod model;
 mod output;

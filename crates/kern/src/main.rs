@@ -10,6 +10,7 @@ mod inspect;
 mod model_dir;
 mod pack;
 mod plan;
+mod profile;
 mod run;
 mod selftest;
 mod serve;
@@ -43,6 +44,7 @@ enum Command {
     Generate(generate::Args),
     Serve(serve::Args),
     Bench(bench::Args),
+    Profile(profile::Args),
     Test(test::Args),
 }
 
@@ -72,6 +74,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => generate::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Profile(a) => profile::run(a),
         Command::Test(a) => test::run(a),
     };
     match result {

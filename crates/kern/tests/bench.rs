@@ -32,3 +32,20 @@ fn bad_arguments_are_refused_clearly() {
     assert_eq!(code, 1);
     assert!(err.contains("--batch 999") && err.contains("256"), "{err}");
 }
+
+#[test]
+fn profile_without_a_driver_fails_clearly() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let model = root.join("examples/perseq");
+    let (code, out, err) = kern(&["profile", "--model", model.to_str().unwrap(), "--batch", "2", "--context", "5"]);
+    if kern_cuda::driver_available() {
+        assert_eq!(code, 0, "with a driver the toy model profiles: {err}");
+        assert!(out.contains("running_sum"), "{out}");
+    } else {
+        assert_eq!(code, 1);
+        assert!(err.contains("no CUDA driver found") && !err.contains("panicked"), "{err}");
+    }
+    let (code, _, err) = kern(&["profile", "--model", model.to_str().unwrap(), "--batch", "0"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--batch"), "{err}");
+}
