@@ -35,6 +35,11 @@ pub struct CheckReport {
     /// (name, bytes, "token" | "seq").
     pub states: Vec<(String, u64, &'static str)>,
     pub warnings: Vec<String>,
+    /// Tensor parallelism: `Some(tp)` when the manifest declares `parallel` (it is one rank).
+    pub tp: Option<u32>,
+    /// Collective ops declared, and collective calls in all programs.
+    pub collective_ops: usize,
+    pub collective_calls: usize,
 }
 
 impl CheckReport {
@@ -102,6 +107,14 @@ impl Manifest {
             state_bytes_per_seq: sum("seq"),
             states,
             warnings: self.warnings.iter().map(Diagnostic::to_string).collect(),
+            tp: self.parallel.map(|p| p.tp),
+            collective_ops: self.ops.iter().filter(|o| o.collective.is_some()).count(),
+            collective_calls: self
+                .programs
+                .iter()
+                .flat_map(|p| &p.calls)
+                .filter(|c| self.ops[c.op.0].collective.is_some())
+                .count(),
         }
     }
 }
@@ -157,6 +170,14 @@ impl fmt::Display for CheckReport {
             plural(self.kernels, "kernel", "kernels"),
             plural(self.modules, "module", "modules")
         )?;
+        if let Some(tp) = self.tp {
+            writeln!(
+                f,
+                "  parallel   tp = {tp}: the manifest is one rank; {}, {} in the programs",
+                plural(self.collective_ops, "collective op", "collective ops"),
+                plural(self.collective_calls, "collective call", "collective calls")
+            )?;
+        }
         for (name, calls, launches) in &self.programs {
             writeln!(
                 f,

@@ -429,9 +429,13 @@ fn tensor_parallel_declarations() {
     assert_eq!(ar.collective, Some(kern_manifest::Collective::AllReduceSum));
     assert!(ar.launches.is_empty());
     assert_eq!(m.programs[0].launches(&m), 1, "collectives are not kernel launches");
+    let r = m.report();
+    assert_eq!((r.tp, r.collective_ops, r.collective_calls), (Some(2), 2, 2));
+    assert!(r.to_string().contains("parallel   tp = 2: the manifest is one rank; 2 collective ops, 2 collective calls in the programs"), "{r}");
     // A single-GPU manifest has none of it.
     let one = check("vecadd");
     assert_eq!((one.tp(), one.has_collectives(), one.parallel), (1, false, None));
+    assert!(!one.report().to_string().contains("parallel"));
     // The raw types serialize back to what was read.
     let text = std::fs::read_to_string(manifests().join("parallel/model.json")).unwrap();
     let raw = parse_raw(text.as_bytes(), "parallel").unwrap();
