@@ -131,3 +131,34 @@ fn three_d_concatenation_and_integer_buffers() {
     assert_eq!(p.len(), 1);
     assert!(p[0].to_string().contains("Q8_0"), "{}", p[0]);
 }
+
+/// Issue 17: shards of GGUF block tensors. A cut at block boundaries dequantizes each rank's
+/// blocks (equal to slicing the dequantized tensor); a cut inside a block is a clear error.
+#[test]
+fn shards_of_block_tensors_take_whole_blocks() {
+    use kern_manifest::Shard;
+    let dir = model_dir();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let a = f32_of(&ckpt, "a"); // [2, 64]: two Q8_0 blocks of 32 per row
+    let shard = |dim, parts| Shard { dim, parts, part: Expr::parse("rank", |n| (n == "rank").then_some(0)).unwrap() };
+    let cut = |shape: &[i64], dim, parts| {
+        weight("a_r", DType::F32, shape, Some(WeightSource::Shard { of: Box::new(WeightSource::Tensor("a".into())), shard: shard(dim, parts) }))
+    };
+    let cols = cut(&[2, 32], 1, 2);
+    let rows = cut(&[1, 64], 0, 2);
+    for rank in 0..2u32 {
+        let r = rank as usize;
+        let mut out = vec![0u8; cols.bytes_at_max as usize];
+        kern_weights::materialize_rank(&ckpt, &cols, rank, &mut out).unwrap();
+        let want: Vec<f32> = (0..2).flat_map(|row| a[64 * row + 32 * r..64 * row + 32 * r + 32].to_vec()).collect();
+        assert!(out == want.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(), "columns, rank {rank}");
+        let mut out = vec![0u8; rows.bytes_at_max as usize];
+        kern_weights::materialize_rank(&ckpt, &rows, rank, &mut out).unwrap();
+        assert!(out == a[64 * r..64 * r + 64].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(), "rows, rank {rank}");
+    }
+    // 16 columns per rank cut every block in half.
+    let p = kern_weights::check_rank(&ckpt, &[cut(&[2, 16], 1, 4)], 1);
+    assert_eq!(p.len(), 1, "{p:?}");
+    let text = p[0].to_string();
+    assert!(text.contains("checkpoint tensor `a` is Q8_0 in blocks of 32 elements, which a shard along axis 1 would cut"), "{text}");
+}
