@@ -155,6 +155,11 @@ impl Runtime {
     pub fn context(&self) -> &Context {
         &self.ctx
     }
+
+    /// This rank's NCCL communicator (tensor-parallel runtimes only).
+    pub(crate) fn comm(&self) -> Option<&kern_cuda::nccl::Comm> {
+        self.comm.as_ref()
+    }
     pub fn stream(&self) -> &Stream {
         &self.stream
     }

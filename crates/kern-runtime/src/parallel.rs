@@ -17,7 +17,8 @@
 //!   thread per rank (a thread that issued rank 0's all-reduce would otherwise wait for rank
 //!   1's forever). Collective calls are NCCL calls on the rank's stream, in program order;
 //!   in graph mode they are captured into each rank's CUDA graph with the kernels
-//!   (thread-local capture mode, so the ranks capture concurrently).
+//!   (thread-local capture mode, so the ranks capture concurrently). A warm-up all-reduce at
+//!   setup connects the ranks before anything is captured.
 
 use crate::exec::{Mode, RunStats, Runtime};
 use crate::plan::MemoryPlan;
@@ -78,7 +79,32 @@ impl ParallelRuntime {
         for (s, comm) in setups.into_iter().zip(comms) {
             ranks.push(Runtime::with_comm(&s.ctx, s.manifest, s.plan, Some(comm))?);
         }
-        Ok(ParallelRuntime { ranks, first_rank, world })
+        let pr = ParallelRuntime { ranks, first_rank, world };
+        pr.warm_up()?;
+        Ok(pr)
+    }
+
+    /// One small all-reduce on every local rank, eagerly, so NCCL connects the ranks (and
+    /// fails, if it must) before any program runs or any CUDA graph captures a collective.
+    fn warm_up(&self) -> Result<()> {
+        const N: usize = 64;
+        let scratch: Vec<kern_cuda::DeviceBuffer> = self.ranks.iter().map(|rt| rt.context().alloc_zeroed(N * 4)).collect::<std::result::Result<_, _>>()?;
+        let what = |e| RuntimeError::CudaAt { what: format!("the first all-reduce of ranks {}..{} of {} (NCCL connecting the GPUs)", self.first_rank, self.first_rank as usize + self.ranks.len(), self.world), cause: Box::new(e) };
+        kern_cuda::nccl::group(|| {
+            for (rt, buf) in self.ranks.iter().zip(&scratch) {
+                let comm = rt.comm().expect("every rank of a ParallelRuntime has a communicator");
+                // SAFETY: `buf` holds N f32 on this rank's GPU and outlives the synchronize
+                // below; every local rank issues the same single collective.
+                unsafe { comm.all_reduce_sum(buf.ptr(), N, kern_cuda::nccl::NcclType::F32, rt.stream())? };
+            }
+            Ok(())
+        })
+        .map_err(what)?;
+        for rt in &self.ranks {
+            rt.stream().synchronize().map_err(what)?;
+            rt.comm().expect("communicator").async_error().map_err(what)?;
+        }
+        Ok(())
     }
 
     /// The local ranks' runtimes, in rank order.
