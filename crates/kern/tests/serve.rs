@@ -72,7 +72,12 @@ fn sigterm_drains_the_running_stream_then_exits_0() {
     let (mut child, addr) = start(&["--fake-step-ms", "10"]);
     let a = addr.clone();
     let stream = std::thread::spawn(move || http(&a, "POST", "/v1/completions", r#"{"prompt": [1, 2, 3], "max_tokens": 60, "ignore_eos": true, "stream": true}"#));
-    std::thread::sleep(Duration::from_millis(150));
+    // Wait until the request runs (a loaded CI machine may take a while to get there).
+    let t = Instant::now();
+    while !http(&addr, "GET", "/metrics", "").1.contains("kern:num_requests_running 1") {
+        assert!(t.elapsed() < Duration::from_secs(20), "the request never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     // SAFETY: sending a signal to our own child process.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let (status, body) = stream.join().unwrap();
