@@ -1,9 +1,12 @@
 //! NCCL, loaded at run time like the driver (issue 17: tensor parallelism).
 //!
-//! cudarc opens `libnccl.so` lazily and *panics* when it is absent or lacks a symbol; this
-//! module is the gate in front of it, as `driver.rs` is for libcuda: [`nccl`] checks that the
-//! library loads and exports every entry point used here, and returns
-//! [`CudaError::NoNccl`] / [`CudaError::NcclTooOld`] instead. Every other function needs its
+//! The types and constants are cudarc's (`nccl` feature: `ncclUniqueId`, `ncclComm_t`, the
+//! data-type and result enums). The functions are resolved here, once, with `libloading`:
+//! cudarc's own loader searches `libnccl.so` and `libnccl.so.<CUDA major>` but not NCCL's real
+//! soname, `libnccl.so.2` — the only name the `nvidia-nccl-cu1x` wheels (torch's NCCL) ship —
+//! and panics when it finds none. [`nccl`] searches `libnccl.so.2` first, checks that every
+//! entry point used here is exported, and returns [`CudaError::NoNccl`] /
+//! [`CudaError::NcclTooOld`] instead of panicking. Every other function needs its
 //! [`NcclInfo`] or a [`Comm`], so no NCCL call can happen before the check passed.
 //!
 //! One process may drive several local GPUs: [`Comm::init_local`] creates one communicator
@@ -18,13 +21,12 @@ use cudarc::nccl::sys;
 use std::sync::OnceLock;
 
 /// The entry points kern calls. A library missing any of them is [`CudaError::NcclTooOld`].
-const REQUIRED: &[&str] = &[
+pub const REQUIRED: &[&str] = &[
     "ncclGetVersion",
     "ncclGetErrorString",
     "ncclGetUniqueId",
     "ncclCommInitRank",
     "ncclCommDestroy",
-    "ncclCommAbort",
     "ncclCommGetAsyncError",
     "ncclAllReduce",
     "ncclAllGather",
@@ -38,10 +40,47 @@ parallelism needs NCCL 2.18 or newer; install it (e.g. `pip install nvidia-nccl-
 its `lib` directory to LD_LIBRARY_PATH, or the distribution's libnccl2 package)";
 
 /// What was learned about NCCL once, at first use.
-#[derive(Debug)]
 pub struct NcclInfo {
     /// `ncclGetVersion`, e.g. 22703 for 2.27.3.
     pub version: i32,
+    /// The library file that was loaded (its name as searched).
+    pub library: String,
+    api: Api,
+}
+
+impl std::fmt::Debug for NcclInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NcclInfo {{ version: {}, library: {:?} }}", self.version, self.library)
+    }
+}
+
+type Comm_ = sys::ncclComm_t;
+type Res = sys::ncclResult_t;
+type Stream_ = sys::cudaStream_t;
+type Buf = *const std::ffi::c_void;
+type BufMut = *mut std::ffi::c_void;
+
+/// The entry points, resolved once; the library stays loaded for the process's life.
+struct Api {
+    _lib: libloading::Library,
+    get_version: unsafe extern "C" fn(*mut std::ffi::c_int) -> Res,
+    get_error_string: unsafe extern "C" fn(Res) -> *const std::ffi::c_char,
+    get_unique_id: unsafe extern "C" fn(*mut sys::ncclUniqueId) -> Res,
+    comm_init_rank: unsafe extern "C" fn(*mut Comm_, std::ffi::c_int, sys::ncclUniqueId, std::ffi::c_int) -> Res,
+    comm_destroy: unsafe extern "C" fn(Comm_) -> Res,
+    comm_get_async_error: unsafe extern "C" fn(Comm_, *mut Res) -> Res,
+    all_reduce: unsafe extern "C" fn(Buf, BufMut, usize, sys::ncclDataType_t, sys::ncclRedOp_t, Comm_, Stream_) -> Res,
+    all_gather: unsafe extern "C" fn(Buf, BufMut, usize, sys::ncclDataType_t, Comm_, Stream_) -> Res,
+    group_start: unsafe extern "C" fn() -> Res,
+    group_end: unsafe extern "C" fn() -> Res,
+}
+
+// SAFETY: plain function pointers into a library that is never unloaded.
+unsafe impl Send for Api {}
+unsafe impl Sync for Api {}
+
+fn api() -> Result<&'static Api> {
+    nccl().map(|n| &n.api)
 }
 
 impl NcclInfo {
@@ -67,31 +106,59 @@ pub fn nccl_available() -> bool {
     nccl().is_ok()
 }
 
-/// The library names searched for libnccl, in order.
+/// The library names searched for libnccl, in order: NCCL's soname first, then cudarc's list.
 pub fn nccl_search_list() -> Vec<String> {
-    cudarc::get_lib_name_candidates("nccl")
+    let mut names = vec!["libnccl.so.2".to_string()];
+    for n in cudarc::get_lib_name_candidates("nccl") {
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
+    names
 }
 
 fn init() -> Result<NcclInfo> {
-    // SAFETY: only tries to dlopen the candidate names (running their initializers, which is
-    // the intended effect) and drops the handles.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(CudaError::NoNccl { searched: nccl_search_list() });
+    let searched = nccl_search_list();
+    // SAFETY: loading a library runs its initializers, which for libnccl is the intended
+    // effect; nothing else is assumed about it until its symbols are checked.
+    let Some((lib, library)) = searched.iter().find_map(|n| unsafe { libloading::Library::new(n) }.ok().map(|l| (l, n.clone()))) else {
+        return Err(CudaError::NoNccl { searched });
+    };
+    // SAFETY (every `sym!`): the symbol is looked up by its NCCL name and typed with NCCL's C
+    // prototype (nccl.h, the same as cudarc's bindings); the pointer is copied out while the
+    // library, owned by the returned `Api`, stays loaded for the process.
+    macro_rules! sym {
+        ($name:literal) => {
+            match unsafe { lib.get($name.as_bytes()) } {
+                Ok(f) => *f,
+                Err(_) => return Err(CudaError::NcclTooOld { call: $name, version: 0 }),
+            }
+        };
     }
-    for &name in REQUIRED {
-        // SAFETY: the library loads (checked above), so `culib()` returns it instead of
-        // panicking; the symbol is only looked up, never called through this type.
-        if unsafe { sys::culib().get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err() {
-            return Err(CudaError::NcclTooOld { call: name, version: 0 });
-        }
-    }
+    let api = Api {
+        get_version: sym!("ncclGetVersion"),
+        get_error_string: sym!("ncclGetErrorString"),
+        get_unique_id: sym!("ncclGetUniqueId"),
+        comm_init_rank: sym!("ncclCommInitRank"),
+        comm_destroy: sym!("ncclCommDestroy"),
+        comm_get_async_error: sym!("ncclCommGetAsyncError"),
+        all_reduce: sym!("ncclAllReduce"),
+        all_gather: sym!("ncclAllGather"),
+        group_start: sym!("ncclGroupStart"),
+        group_end: sym!("ncclGroupEnd"),
+        _lib: lib,
+    };
+    debug_assert!(REQUIRED.len() == 10);
     let mut version = 0;
-    // SAFETY: the symbol exists; `version` is a valid out-pointer.
-    check("ncclGetVersion", unsafe { sys::ncclGetVersion(&mut version) })?;
+    // SAFETY: resolved above; `version` is a valid out-pointer.
+    let status = unsafe { (api.get_version)(&mut version) };
+    if status != sys::ncclResult_t::ncclSuccess {
+        return Err(CudaError::Nccl { call: "ncclGetVersion", code: status as i32, name: format!("{status:?}"), message: String::new() });
+    }
     if version < 21800 {
         return Err(CudaError::NcclTooOld { call: "NCCL 2.18 (bf16, stream capture)", version });
     }
-    Ok(NcclInfo { version })
+    Ok(NcclInfo { version, library, api })
 }
 
 fn check(call: &'static str, status: sys::ncclResult_t) -> Result<()> {
@@ -101,7 +168,10 @@ fn check(call: &'static str, status: sys::ncclResult_t) -> Result<()> {
     // SAFETY: NCCL is loaded (a status exists only after a call went through); the returned
     // string is static inside libnccl.
     let message = unsafe {
-        let p = sys::ncclGetErrorString(status);
+        let p = match api() {
+            Ok(a) => (a.get_error_string)(status),
+            Err(_) => std::ptr::null(),
+        };
         if p.is_null() {
             String::new()
         } else {
@@ -176,10 +246,10 @@ impl std::fmt::Debug for UniqueId {
 impl UniqueId {
     /// `ncclGetUniqueId`: a fresh id (it names this host's bootstrap socket).
     pub fn new() -> Result<UniqueId> {
-        nccl()?;
+        let api = api()?;
         let mut id = sys::ncclUniqueId { internal: [0; UNIQUE_ID_BYTES] };
         // SAFETY: NCCL is loaded with this symbol; `id` is a valid out-pointer.
-        check("ncclGetUniqueId", unsafe { sys::ncclGetUniqueId(&mut id) })?;
+        check("ncclGetUniqueId", unsafe { (api.get_unique_id)(&mut id) })?;
         Ok(UniqueId(id.internal.map(|c| c as u8)))
     }
 
@@ -208,9 +278,9 @@ unsafe impl Send for Comm {}
 
 impl Drop for Comm {
     fn drop(&mut self) {
-        if self.ctx.bind().is_ok() {
+        if let (Ok(()), Ok(api)) = (self.ctx.bind(), api()) {
             // SAFETY: `raw` came from ncclCommInitRank and is destroyed exactly once.
-            unsafe { sys::ncclCommDestroy(self.raw) };
+            unsafe { (api.comm_destroy)(self.raw) };
         }
     }
 }
@@ -218,12 +288,12 @@ impl Drop for Comm {
 /// Issues the NCCL calls `f` makes as one group (`ncclGroupStart` / `ncclGroupEnd`): needed
 /// whenever one thread drives several local ranks.
 pub fn group<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
-    nccl()?;
+    let api = api()?;
     // SAFETY: NCCL is loaded with these symbols; they take no arguments.
-    check("ncclGroupStart", unsafe { sys::ncclGroupStart() })?;
+    check("ncclGroupStart", unsafe { (api.group_start)() })?;
     let r = f();
     // SAFETY: as above; ends the group started here, also when `f` failed.
-    let end = check("ncclGroupEnd", unsafe { sys::ncclGroupEnd() });
+    let end = check("ncclGroupEnd", unsafe { (api.group_end)() });
     let r = r?;
     end?;
     Ok(r)
@@ -233,7 +303,7 @@ impl Comm {
     /// Rank `rank` of `world`, on `ctx`'s GPU (one process per rank, or one rank of several
     /// created in a [`group`]).
     pub fn init_rank(ctx: &Context, world: u32, rank: u32, id: &UniqueId) -> Result<Comm> {
-        nccl()?;
+        let api = api()?;
         if world == 0 || rank >= world {
             return Err(CudaError::invalid(format!("NCCL rank {rank} of a world of {world}: ranks are 0 to world-1")));
         }
@@ -245,7 +315,7 @@ impl Comm {
         let mut raw: sys::ncclComm_t = std::ptr::null_mut();
         // SAFETY: NCCL is loaded; `ctx` is current, so NCCL picks its device; `raw` is a valid
         // out-pointer; the id is passed by value as NCCL's API takes it.
-        check("ncclCommInitRank", unsafe { sys::ncclCommInitRank(&mut raw, w, id.raw(), r) })?;
+        check("ncclCommInitRank", unsafe { (api.comm_init_rank)(&mut raw, w, id.raw(), r) })?;
         Ok(Comm { raw, ctx: ctx.clone(), rank, world })
     }
 
@@ -275,9 +345,10 @@ impl Comm {
 
     /// An error a collective hit after it was issued (`ncclCommGetAsyncError`).
     pub fn async_error(&self) -> Result<()> {
+        let api = api()?;
         let mut status = sys::ncclResult_t::ncclSuccess;
         // SAFETY: `raw` is live; `status` is a valid out-pointer.
-        check("ncclCommGetAsyncError", unsafe { sys::ncclCommGetAsyncError(self.raw, &mut status) })?;
+        check("ncclCommGetAsyncError", unsafe { (api.comm_get_async_error)(self.raw, &mut status) })?;
         check("a collective (asynchronous error)", status)
     }
 
@@ -305,11 +376,12 @@ impl Comm {
     /// collectives in the same order.
     pub unsafe fn all_reduce_sum(&self, ptr: u64, count: usize, ty: NcclType, stream: &Stream) -> Result<()> {
         self.same_context(stream)?;
+        let api = api()?;
         let p = ptr as *mut std::ffi::c_void;
         // SAFETY: the caller's contract; the stream handle is the same object NCCL's
         // cudaStream_t names.
         check("ncclAllReduce", unsafe {
-            sys::ncclAllReduce(p, p, count, ty.raw(), sys::ncclRedOp_t::ncclSum, self.raw, stream.as_raw() as sys::cudaStream_t)
+            (api.all_reduce)(p, p, count, ty.raw(), sys::ncclRedOp_t::ncclSum, self.raw, stream.as_raw() as sys::cudaStream_t)
         })
     }
 
@@ -321,9 +393,10 @@ impl Comm {
     /// (`send_count × world` elements), which do not overlap.
     pub unsafe fn all_gather(&self, send: u64, recv: u64, send_count: usize, ty: NcclType, stream: &Stream) -> Result<()> {
         self.same_context(stream)?;
+        let api = api()?;
         // SAFETY: the caller's contract.
         check("ncclAllGather", unsafe {
-            sys::ncclAllGather(
+            (api.all_gather)(
                 send as *const std::ffi::c_void,
                 recv as *mut std::ffi::c_void,
                 send_count,
