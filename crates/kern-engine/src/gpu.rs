@@ -22,11 +22,13 @@ pub struct LoadOptions {
     pub graphs: bool,
     /// Capture every decode bucket's graph before the first request.
     pub capture_at_start: bool,
+    /// GPUs of a tensor-parallel manifest, one per rank (empty: `device`, `device + 1`, …).
+    pub devices: Vec<usize>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { device: 0, gpu_mem: None, graphs: true, capture_at_start: false }
+        LoadOptions { device: 0, gpu_mem: None, graphs: true, capture_at_start: false, devices: Vec::new() }
     }
 }
 
@@ -81,8 +83,48 @@ struct Offload {
     restore_secs: f64,
 }
 
+/// The program's runtime: one GPU, or every rank of a tensor-parallel manifest (one process
+/// driving all local GPUs; step inputs go to every rank, outputs — replicated — come from
+/// rank 0; `kern_runtime::parallel`).
+enum Exec {
+    One(Runtime),
+    Tp(kern_runtime::ParallelRuntime),
+}
+
+impl Exec {
+    /// The single runtime, or rank 0's.
+    fn first(&self) -> &Runtime {
+        match self {
+            Exec::One(r) => r,
+            Exec::Tp(p) => &p.ranks()[0],
+        }
+    }
+
+    fn write_buffer(&self, b: BufferId, bytes: &[u8]) -> kern_runtime::Result<()> {
+        match self {
+            Exec::One(r) => r.write_buffer(b, bytes),
+            Exec::Tp(p) => p.write_buffer(b, bytes),
+        }
+    }
+
+    fn read_buffer(&self, b: BufferId, len: usize) -> kern_runtime::Result<Vec<u8>> {
+        self.first().read_buffer(b, len)
+    }
+
+    fn run(&mut self, prog: usize, vars: &[i64], mode: Mode) -> kern_runtime::Result<kern_runtime::RunStats> {
+        match self {
+            Exec::One(r) => r.run(prog, vars, mode),
+            Exec::Tp(p) => Ok(p.run(prog, vars, mode)?.swap_remove(0)),
+        }
+    }
+
+    fn is_parallel(&self) -> bool {
+        matches!(self, Exec::Tp(_))
+    }
+}
+
 pub struct GpuModel {
-    rt: Runtime,
+    rt: Exec,
     pools: Vec<PagedPool>,
     offload: Option<Offload>,
     step: StepAbi,
@@ -152,8 +194,10 @@ impl GpuModel {
             StatePool::PerToken { pages, .. } => Some(*pages),
             _ => None,
         });
+        let mut budget = budget;
         if let Some(n) = pages_now.filter(|&n| n > cap) {
-            p = plan_at(budget.saturating_sub((n - cap) * page_bytes))?;
+            budget = budget.saturating_sub((n - cap) * page_bytes);
+            p = plan_at(budget)?;
         }
         let (pages, page_tokens) = p
             .states
@@ -176,22 +220,53 @@ impl GpuModel {
             per_seq_state: m.states.iter().any(|s| matches!(s.size, kern_manifest::manifest::StateSize::PerSeq { .. })),
         };
         let nvars = m.vars.len();
-        let rt = Runtime::new(&ctx, m, p).map_err(err)?;
+        let tp = m.tp();
+        let rt = if tp > 1 {
+            // Every rank gets the same plan (the same budget), so page ids mean the same KV
+            // slots on every GPU.
+            let devices: Vec<usize> = if opts.devices.is_empty() { (opts.device..opts.device + tp as usize).collect() } else { opts.devices.clone() };
+            if devices.len() != tp as usize {
+                return Err(err(format!("the manifest is one rank of tp = {tp}: give {tp} GPUs (--devices), not {}", devices.len())));
+            }
+            let mut setups = vec![kern_runtime::RankSetup { ctx: ctx.clone(), manifest: m, plan: p }];
+            for &d in &devices[1..] {
+                let c = kern_cuda::Context::new(d).map_err(err)?;
+                let mr = kern_manifest::load(&manifest_path, &kern_manifest::CheckOptions { arch, ..Default::default() })
+                    .map_err(|d| err(format!("{d}{} error(s)", d.error_count())))?;
+                let pr = plan::plan(&mr, &plan::PlanOptions { budget: Some(budget), reserve: (1u64 << 30).min(budget / 8) }).map_err(|e| err(format!("GPU {d}: {e}")))?;
+                setups.push(kern_runtime::RankSetup { ctx: c, manifest: mr, plan: pr });
+            }
+            let id = kern_cuda::nccl::UniqueId::new().map_err(err)?;
+            Exec::Tp(kern_runtime::ParallelRuntime::new(setups, 0, &id).map_err(err)?)
+        } else {
+            Exec::One(Runtime::new(&ctx, m, p).map_err(err)?)
+        };
         let pools: Vec<PagedPool> = rt
+            .first()
             .pools()
             .enumerate()
             .filter_map(|(i, (_, pool, _))| match pool {
                 StatePool::PerToken { bytes_per_token, page_tokens, .. } => Some(PagedPool {
-                    base: rt.state_ptr(kern_manifest::manifest::StateId(i)),
+                    base: rt.first().state_ptr(kern_manifest::manifest::StateId(i)),
                     page_bytes: (*bytes_per_token * u64::from(*page_tokens)) as usize,
                     host: None,
                 }),
                 _ => None,
             })
             .collect();
-        let weight_bytes = match &ckpt {
-            Some(c) => rt.load_weights(c, &mut progress).map_err(err)?,
-            None => 0,
+        let weight_bytes = match (&ckpt, &rt) {
+            (Some(c), Exec::One(r)) => r.load_weights(c, &mut progress).map_err(err)?,
+            (Some(c), Exec::Tp(pr)) => {
+                let mut done = vec![0u64; pr.ranks().len()];
+                let mut totals = vec![0u64; pr.ranks().len()];
+                pr.load_weights(c, |rank, d, t| {
+                    done[rank as usize] = d;
+                    totals[rank as usize] = t;
+                    progress(done.iter().sum(), totals.iter().sum());
+                })
+                .map_err(err)?
+            }
+            (None, _) => 0,
         };
         let report = LoadReport { device_name: props.name.clone(), weight_bytes, load_secs: t0.elapsed().as_secs_f64(), pages, page_tokens };
         Ok(GpuModel { rt, pools, offload: None, step, info, graphs: opts.graphs, capture_at_start: opts.capture_at_start, last_gpu_ms: None, nvars, report, _ctx: ctx })
@@ -239,7 +314,7 @@ impl GpuModel {
         let hit = st.slot_mapping.iter().any(|&s| s >= 0 && o.pending.contains(&((s / pt) as u32)));
         if hit {
             if let Some(e) = &o.last_store {
-                self.rt.stream().wait_event(e).map_err(err)?;
+                self.rt.first().stream().wait_event(e).map_err(err)?;
             }
             o.pending.clear();
         }
@@ -283,11 +358,14 @@ impl GpuModel {
         vars[self.step.tokens.0] = st.tokens as i64;
         vars[self.step.seqs.0] = st.num_seqs as i64;
         vars[self.step.pages.0] = self.info.pages_per_seq as i64;
-        let m = &self.rt.manifest;
+        if self.rt.is_parallel() {
+            return Err(err("kern profile times one call at a time, which a tensor-parallel program's collectives cannot do (every rank must take part): profile the TP=1 manifest"));
+        }
+        let m = &self.rt.first().manifest;
         let calls = &m.programs[0].calls;
         let mut out = Vec::with_capacity(calls.len());
         for (i, call) in calls.iter().enumerate() {
-            let ms = self.rt.time_calls(0, &vars, i..i + 1, None).map_err(err)? as f64;
+            let ms = self.rt.first().time_calls(0, &vars, i..i + 1, None).map_err(err)? as f64;
             let bytes: u64 = call
                 .args
                 .iter()
@@ -338,10 +416,11 @@ impl Model for GpuModel {
     /// Copies 1 GiB device to device 10 times (after 3 warm-ups) and times them with events:
     /// read + write bytes over time, the bandwidth a memory-bound step can reach.
     fn measure_copy_bandwidth(&mut self) -> Option<f64> {
-        let ctx = self.rt.context().clone();
+        let rt = self.rt.first();
+        let ctx = rt.context().clone();
         let len = 1usize << 30;
         let (a, b) = (ctx.alloc(len).ok()?, ctx.alloc(len).ok()?);
-        let s = self.rt.stream();
+        let s = rt.stream();
         for _ in 0..3 {
             b.copy_from_device_async(0, &a, 0, len, s).ok()?;
         }
@@ -357,7 +436,10 @@ impl Model for GpuModel {
     }
 
     fn init_host_tier(&mut self, slots: usize) -> Result<(), ModelError> {
-        let ctx = self.rt.context().clone();
+        if self.rt.is_parallel() {
+            return Err(err("KV offload is not supported for tensor-parallel models yet (each rank has its own KV pool)"));
+        }
+        let ctx = self.rt.first().context().clone();
         for p in &mut self.pools {
             let bytes = slots.checked_mul(p.page_bytes).ok_or_else(|| err("host tier size overflows"))?;
             p.host = Some(ctx.alloc_pinned(bytes).map_err(|e| err(format!("pinning {} of host memory: {e}", human(bytes as u64))))?);
@@ -369,8 +451,9 @@ impl Model for GpuModel {
     fn store_pages(&mut self, pairs: &[(u32, u32)]) -> Result<(), ModelError> {
         let Some(o) = self.offload.as_mut() else { return Ok(()) };
         // The copies start once the step that computed the pages is done.
-        let computed = self.rt.context().event().map_err(err)?;
-        computed.record(self.rt.stream()).map_err(err)?;
+        let rt = self.rt.first();
+        let computed = rt.context().event().map_err(err)?;
+        computed.record(rt.stream()).map_err(err)?;
         o.copy.wait_event(&computed).map_err(err)?;
         for (gpu, host, n) in runs(pairs) {
             for p in &mut self.pools {
@@ -381,7 +464,7 @@ impl Model for GpuModel {
                 unsafe { buf.copy_from_device_async(host as usize * p.page_bytes, p.base + gpu as u64 * p.page_bytes as u64, len, &o.copy) }.map_err(err)?;
             }
         }
-        let done = self.rt.context().event().map_err(err)?;
+        let done = rt.context().event().map_err(err)?;
         done.record(&o.copy).map_err(err)?;
         o.last_store = Some(done);
         o.pending.extend(pairs.iter().map(|p| p.0));
@@ -392,23 +475,24 @@ impl Model for GpuModel {
         let Some(o) = self.offload.as_mut() else { return Ok(()) };
         // A restored page may have been evicted with its store still in flight, and a host
         // slot may be the target of one: wait for the stores first (on the GPU).
+        let rt = self.rt.first();
         if let Some(e) = &o.last_store {
-            self.rt.stream().wait_event(e).map_err(err)?;
+            rt.stream().wait_event(e).map_err(err)?;
         }
         o.pending.clear();
-        let ctx = self.rt.context().clone();
+        let ctx = rt.context().clone();
         let (start, end) = (kern_cuda::Event::new(&ctx, true).map_err(err)?, kern_cuda::Event::new(&ctx, true).map_err(err)?);
-        start.record(self.rt.stream()).map_err(err)?;
+        start.record(rt.stream()).map_err(err)?;
         let bytes = pairs.len() as u64 * self.pools.iter().map(|p| p.page_bytes as u64).sum::<u64>();
         for (host, gpu, n) in runs(pairs) {
             for p in &self.pools {
                 let buf = p.host.as_ref().expect("host tier initialized");
                 // SAFETY: as in store_pages; queued on the compute stream, so it lands before
                 // the step that reads the page.
-                unsafe { buf.copy_to_device_async(host as usize * p.page_bytes, p.base + gpu as u64 * p.page_bytes as u64, n * p.page_bytes, self.rt.stream()) }.map_err(err)?;
+                unsafe { buf.copy_to_device_async(host as usize * p.page_bytes, p.base + gpu as u64 * p.page_bytes as u64, n * p.page_bytes, rt.stream()) }.map_err(err)?;
             }
         }
-        end.record(self.rt.stream()).map_err(err)?;
+        end.record(rt.stream()).map_err(err)?;
         o.timing.push((start, end, bytes));
         Ok(())
     }
@@ -492,7 +576,7 @@ impl Drop for GpuModel {
         if let Some(o) = &self.offload {
             let _ = o.copy.synchronize();
         }
-        let _ = self.rt.stream().synchronize();
+        let _ = self.rt.first().stream().synchronize();
     }
 }
 

@@ -73,7 +73,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         (e, "fake".to_string())
     } else {
         let dir = crate::model_dir::resolve_model(a.model.as_deref())?;
-        let opts = LoadOptions { device: a.device, gpu_mem: None, graphs: !a.no_graph, capture_at_start: !a.no_graph };
+        let opts = LoadOptions { device: a.device, gpu_mem: None, graphs: !a.no_graph, capture_at_start: !a.no_graph, devices: Vec::new() };
         let e = Engine::start(cfg, None, crate::generate::loader(dir.clone(), opts, Arc::new(Mutex::new(None))));
         (e, dir.display().to_string())
     };

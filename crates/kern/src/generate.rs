@@ -73,6 +73,9 @@ pub struct Args {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// The GPUs of a tensor-parallel model, one per rank (default: --device and the next ones).
+    #[arg(long, value_delimiter = ',', value_name = "0,1,…")]
+    devices: Vec<usize>,
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>> {
@@ -133,7 +136,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
 
     let report = Arc::new(Mutex::new(None));
-    let opts = LoadOptions { device: args.device, gpu_mem: None, graphs: !args.no_graph, capture_at_start: false };
+    let opts = LoadOptions { device: args.device, gpu_mem: None, graphs: !args.no_graph, capture_at_start: false, devices: args.devices.clone() };
     let cfg = EngineConfig {
         max_batched_tokens: args.chunk,
         eos: tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),

@@ -70,6 +70,9 @@ pub struct Args {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// The GPUs of a tensor-parallel model, one per rank (default: --device and the next ones).
+    #[arg(long, value_delimiter = ',', value_name = "0,1,…")]
+    devices: Vec<usize>,
     /// Serve a deterministic CPU model instead of a GPU one (for testing clients and kern itself).
     #[arg(long, hide = true)]
     fake: bool,
@@ -165,7 +168,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 Ok(Box::new(m) as Box<dyn Model>)
             })
         } else {
-            let opts = LoadOptions { device: args.device, gpu_mem: args.gpu_mem, graphs: !args.no_graph, capture_at_start: !args.no_graph };
+            let opts = LoadOptions { device: args.device, gpu_mem: args.gpu_mem, graphs: !args.no_graph, capture_at_start: !args.no_graph, devices: args.devices.clone() };
             Engine::start(cfg, tokenizer.clone(), crate::generate::loader(dir.clone(), opts, report.clone()))
         };
         let state = AppState::new(engine.clone(), tokenizer, ServerConfig { served_model_names: names, api_key, max_logprobs: args.max_logprobs, defaults, chat_template, root: dir.display().to_string() });
