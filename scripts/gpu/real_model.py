@@ -175,7 +175,9 @@ def main(argv=None):
         s = {"label": lab, "prompt_len": len(p), "max_ratio": float(se["ratio"].max()), "max_e_kern": float(se["e_kern"].max()),
              "max_e_bf16": float(se["e_bf16"].max()), "logits_pass": bool((se["ratio"] <= 1).all()), "greedy": g,
              "kern_text": tok.decode(ktoks[i], skip_special_tokens=False),
-             "hf_text": tok.decode(htoks[i], skip_special_tokens=False) if not isinstance(htoks[i], str) else htoks[i]}
+             "hf_text": tok.decode(htoks[i], skip_special_tokens=False) if not isinstance(htoks[i], str) else htoks[i],
+             # Per step, to see where the rule is exceeded (bf16's own error at that step vs kern's).
+             "e_kern": [float(x) for x in se["e_kern"]], "e_bf16": [float(x) for x in se["e_bf16"]]}
         s["pass"] = s["logits_pass"] and g["pass"]
         ok &= s["pass"]
         seqs.append(s)
