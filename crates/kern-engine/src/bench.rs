@@ -26,7 +26,7 @@ pub struct Summary {
     pub gpu_timed: bool,
     pub median_ms: f64,
     pub p90_ms: f64,
-    /// Tokens per step (rows of a decode step, computed tokens of a prefill step), mean.
+    /// Tokens generated per step, mean (a decode step's sequences, more with accepted drafts).
     pub tokens_per_step: f64,
     pub tok_per_s: f64,
     /// Bytes read per step (weights + KV), mean.
@@ -42,7 +42,7 @@ pub fn summarize(records: &[StepRecord], weight_bytes: u64, state_bytes_per_toke
     let mut ms: Vec<f64> = records.iter().map(|r| if gpu_timed { r.gpu_ms.unwrap_or(0.0) as f64 } else { r.wall_ms }).collect();
     ms.sort_by(f64::total_cmp);
     let n = records.len().max(1) as f64;
-    let tokens_per_step = records.iter().map(|r| r.tokens as f64).sum::<f64>() / n;
+    let tokens_per_step = records.iter().map(|r| r.generated as f64).sum::<f64>() / n;
     let bytes_per_step = records.iter().map(|r| (weight_bytes + r.context as u64 * state_bytes_per_token) as f64).sum::<f64>() / n;
     let median_ms = percentile(&ms, 0.5);
     let floor = copy_gbs.filter(|&g| g > 0.0 && weight_bytes > 0).map(|g| floor_ms(bytes_per_step as u64, g));
@@ -64,7 +64,7 @@ mod tests {
     use super::*;
 
     fn rec(ms: f32, context: usize) -> StepRecord {
-        StepRecord { decode: true, rows: 2, tokens: 2, context, wall_ms: 99.0, gpu_ms: Some(ms) }
+        StepRecord { decode: true, rows: 2, tokens: 2, seqs: 2, generated: 2, context, wall_ms: 99.0, gpu_ms: Some(ms) }
     }
 
     #[test]

@@ -93,6 +93,9 @@ pub struct StepRecord {
     /// Rows (sequences, or positions of verify rows) and tokens computed.
     pub rows: usize,
     pub tokens: usize,
+    /// Sequences taking part, and tokens generated (more than sequences with accepted drafts).
+    pub seqs: usize,
+    pub generated: usize,
     /// Context tokens the step's rows attend over, summed (KV read).
     pub context: usize,
     /// Host time around the model's step and GPU time of its program (when measured), ms.
@@ -660,6 +663,12 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
                 decode: step.is_decode(),
                 rows: step.real_seqs,
                 tokens: step.real_tokens,
+                seqs: {
+                    let mut ids: Vec<u64> = step.seqs.iter().map(|s| s.id).collect();
+                    ids.dedup();
+                    ids.len()
+                },
+                generated: outs.len(),
                 context: step.seq_lens.iter().take(step.real_seqs).map(|&l| l.max(0) as usize).sum(),
                 wall_ms: now.elapsed().as_secs_f64() * 1e3,
                 gpu_ms: model.last_gpu_ms(),

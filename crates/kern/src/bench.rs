@@ -33,6 +33,10 @@ pub struct Args {
     /// Decode steps run before timing (graph capture, caches).
     #[arg(long, default_value_t = 8)]
     warmup: usize,
+    /// Speculative decoding with n-gram drafts (K draft tokens at most; 0: off); the report adds
+    /// the acceptance.
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    spec_ngram: usize,
     /// Benchmark the prefill of one prompt of this many tokens instead of decode.
     #[arg(long)]
     prompt_tokens: Option<usize>,
@@ -62,7 +66,8 @@ fn check_args(a: &Args) -> Result<()> {
 
 pub fn run(a: Args) -> Result<ExitCode> {
     check_args(&a)?;
-    let cfg = EngineConfig { record_steps: true, prefix_cache: false, ..Default::default() };
+    let spec = (a.spec_ngram > 0).then_some(kern_sched::SpecConfig { k: a.spec_ngram, min_n: 2, max_n: 4 });
+    let cfg = EngineConfig { record_steps: true, prefix_cache: false, spec, ..Default::default() };
     let (engine, name) = if a.fake {
         let info = ModelInfo { max_step_tokens: 8192, max_step_seqs: 256, pages_per_seq: 4096, page_tokens: 16, total_pages: 1 << 16, vocab: 1000, logits: false, gpu_sampling: true, per_seq_state: false };
         let e = Engine::start(cfg, None, move || {
@@ -109,7 +114,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             for h in hs.iter_mut() {
                 drain(h)?;
             }
-            let full: Vec<StepRecord> = engine.take_step_records().into_iter().filter(|r| r.decode && r.rows == a.batch).collect();
+            let full: Vec<StepRecord> = engine.take_step_records().into_iter().filter(|r| r.decode && r.seqs == a.batch).collect();
             ("decode", full.into_iter().skip(a.warmup).take(a.steps).collect(), a.batch)
         }
     };
@@ -128,7 +133,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
     } else {
         summarize(&records, info.weight_bytes, info.state_bytes_per_token, info.copy_gbs)
     };
-    report(&a, kind, batch, &name, &info, &s);
+    let m = engine.metrics();
+    let spec = (a.spec_ngram > 0).then(|| (m.spec_draft_tokens.get(), m.spec_accepted.get()));
+    report(&a, kind, batch, &name, &info, &s, spec);
     engine.drain();
     engine.join();
     Ok(ExitCode::SUCCESS)
@@ -145,7 +152,7 @@ fn drain(h: &mut kern_engine::RequestHandle) -> Result<()> {
     }
 }
 
-fn report(a: &Args, kind: &str, batch: usize, name: &str, info: &kern_engine::EngineInfo, s: &Summary) {
+fn report(a: &Args, kind: &str, batch: usize, name: &str, info: &kern_engine::EngineInfo, s: &Summary, spec: Option<(u64, u64)>) {
     let gb = |b: f64| b / 1e9;
     if a.json {
         let j = serde_json::json!({
@@ -154,6 +161,7 @@ fn report(a: &Args, kind: &str, batch: usize, name: &str, info: &kern_engine::En
             "median_ms": s.median_ms, "p90_ms": s.p90_ms, "tokens_per_step": s.tokens_per_step, "tok_per_s": s.tok_per_s,
             "bytes_per_step": s.bytes_per_step, "weight_bytes": info.weight_bytes, "copy_gbs": info.copy_gbs,
             "floor_ms": s.floor_ms, "fraction_of_floor": s.fraction,
+            "spec_draft_tokens": spec.map(|x| x.0), "spec_accepted_tokens": spec.map(|x| x.1),
         });
         println!("{j}");
         return;
@@ -169,6 +177,9 @@ fn report(a: &Args, kind: &str, batch: usize, name: &str, info: &kern_engine::En
             println!("kern bench: decode, batch {batch}, context {} (+{} timed steps after {} warm-up), {name}", a.context, a.steps, a.warmup);
             println!("  step      median {:.3} ms   p90 {:.3} ms   ({} steps, {timing})", s.median_ms, s.p90_ms, s.steps);
             println!("  tok/s     {:.1}", s.tok_per_s);
+            if let Some((drafted, accepted)) = spec {
+                println!("  drafts    {accepted} of {drafted} accepted ({:.1}%), {:.2} tokens per sequence-step", if drafted > 0 { 100.0 * accepted as f64 / drafted as f64 } else { 0.0 }, s.tokens_per_step / batch as f64);
+            }
             match (s.floor_ms, info.copy_gbs, s.fraction) {
                 (Some(f), Some(g), Some(fr)) => {
                     println!("  floor     {f:.3} ms  ({:.2} GB weights + {:.3} GB KV per step at {g:.0} GB/s copy bandwidth)", gb(info.weight_bytes as f64), gb(s.bytes_per_step - info.weight_bytes as f64));

@@ -18,6 +18,11 @@ fn decode_and_prefill_reports() {
     assert!(v["median_ms"].as_f64().unwrap() > 0.0 && v["p90_ms"].as_f64().unwrap() >= v["median_ms"].as_f64().unwrap());
     assert_eq!(v["timing"], "wall");
     assert!(v["floor_ms"].is_null(), "the CPU model measures no bandwidth");
+    let (code, out, err) = kern(&["bench", "--fake", "--batch", "2", "--steps", "4", "--spec-ngram", "3", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(v["spec_draft_tokens"].is_u64() && v["spec_accepted_tokens"].is_u64(), "{v}");
+    assert_eq!(v["steps"], 4);
     let (code, out, err) = kern(&["bench", "--fake", "--prompt-tokens", "300"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("prefill of one 300-token prompt") && out.contains("tok/s"), "{out}");
