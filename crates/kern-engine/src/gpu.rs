@@ -86,6 +86,8 @@ struct Offload {
 /// The program's runtime: one GPU, or every rank of a tensor-parallel manifest (one process
 /// driving all local GPUs; step inputs go to every rank, outputs — replicated — come from
 /// rank 0; `kern_runtime::parallel`).
+// One per process: the variants' size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Exec {
     One(Runtime),
     Tp(kern_runtime::ParallelRuntime),
