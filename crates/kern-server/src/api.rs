@@ -4,6 +4,7 @@ use crate::error::ApiError;
 use crate::protocol::{self, Common, Fields, Prompt};
 use crate::{AppState, Shared};
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Request as HttpRequest, State as AxState};
 use axum::http::{header, HeaderMap};
 use axum::middleware::Next;
@@ -73,7 +74,8 @@ pub async fn models(AxState(s): AxState<AppState>) -> Json<Value> {
     Json(json!({"object": "list", "data": data}))
 }
 
-fn parse_body(body: &Bytes) -> ApiResult<Value> {
+fn parse_body(body: &Result<Bytes, BytesRejection>) -> ApiResult<Value> {
+    let body = body.as_ref().map_err(|e| ApiError { status: e.status(), message: format!("cannot read the request body: {e} (kern serve takes bodies up to 64 MiB)"), param: None, retry_after: None })?;
     serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
 }
 
@@ -330,7 +332,7 @@ fn sse(state: AppState, job: Job, api: Api, rid: String, model: String, created:
     Sse::new(s).keep_alive(KeepAlive::default())
 }
 
-pub async fn completions(AxState(state): AxState<AppState>, body: Bytes) -> ApiResult<Response> {
+pub async fn completions(AxState(state): AxState<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let arrival = Instant::now();
     let s = &state.0;
     let v = parse_body(&body)?;
@@ -436,7 +438,7 @@ fn render_chat(s: &Shared, messages: &Value, add_generation_prompt: bool, kwargs
     t.render(messages, None, add_generation_prompt, kwargs).map_err(|e| ApiError::bad("messages", format!("the chat template refused the conversation: {e}")))
 }
 
-pub async fn chat(AxState(state): AxState<AppState>, body: Bytes) -> ApiResult<Response> {
+pub async fn chat(AxState(state): AxState<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let arrival = Instant::now();
     let s = &state.0;
     let v = parse_body(&body)?;
@@ -497,7 +499,7 @@ pub async fn chat(AxState(state): AxState<AppState>, body: Bytes) -> ApiResult<R
     Ok(Json(json!({"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices, "usage": usage(prompt_tokens, completion, cached)})).into_response())
 }
 
-pub async fn tokenize(AxState(state): AxState<AppState>, body: Bytes) -> ApiResult<Json<Value>> {
+pub async fn tokenize(AxState(state): AxState<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult<Json<Value>> {
     let s = &state.0;
     let v = parse_body(&body)?;
     let mut f = Fields::new(&v)?;
@@ -529,7 +531,7 @@ pub async fn tokenize(AxState(state): AxState<AppState>, body: Bytes) -> ApiResu
     Ok(Json(out))
 }
 
-pub async fn detokenize(AxState(state): AxState<AppState>, body: Bytes) -> ApiResult<Json<Value>> {
+pub async fn detokenize(AxState(state): AxState<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult<Json<Value>> {
     let s = &state.0;
     let v = parse_body(&body)?;
     let mut f = Fields::new(&v)?;

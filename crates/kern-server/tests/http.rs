@@ -245,6 +245,11 @@ async fn errors_are_openai_shaped_and_name_the_field() {
     assert!(err(&v).1.contains("`gpt-4` does not exist"));
     let (st, _) = s.post("/v1/embeddings", json!({})).await;
     assert_eq!(st, 404);
+    // A body over the limit: 413, still OpenAI's error shape.
+    let r = reqwest::Client::new().post(format!("{}/v1/completions", s.base)).body(vec![b' '; 65 << 20]).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], 413, "{v}");
     s.shutdown().await;
 }
 
