@@ -1,6 +1,6 @@
 //! The ChatML prompt format, for models whose chat template is ChatML (`<|im_start|>ROLE`
-//! newline CONTENT `<|im_end|>` newline, per message). kern does not run Jinja templates;
-//! a model whose template is something else needs its prompt rendered by the caller.
+//! newline CONTENT `<|im_end|>` newline, per message): the fallback for a tokenizer without a
+//! chat template. Models' own Jinja templates are rendered by [`crate::ChatTemplate`].
 
 /// The ChatML prompt of `messages` (role, content), ending with the assistant's turn opened
 /// for generation: `<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n`.
