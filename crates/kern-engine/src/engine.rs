@@ -403,6 +403,15 @@ fn fail(inner: &Inner, msg: String) {
     inner.state.send_replace(State::Failed);
 }
 
+/// Fails every request in flight with `msg`, then the engine (a step's failure is sticky).
+fn fail_all(inner: &Inner, live: &mut HashMap<SeqId, Live>, msg: String) {
+    for (_, lv) in live.drain() {
+        inner.pending.fetch_sub(1, Ordering::Relaxed);
+        lv.send(Event::Failed(msg.clone()));
+    }
+    fail(inner, msg);
+}
+
 /// A request the loop is working on.
 struct Live<'t> {
     id: RequestId,
@@ -584,11 +593,7 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
             // Cannot happen with the admission checks (a lone request always fits); fail the
             // queue's front rather than spin.
             let msg = format!("no request can be scheduled ({} of {} KV pages free)", sched.free_pages(), sched.total_pages());
-            for (_, lv) in live.drain() {
-                inner.pending.fetch_sub(1, Ordering::Relaxed);
-                lv.send(Event::Failed(msg.clone()));
-            }
-            return fail(inner, msg);
+            return fail_all(inner, &mut live, msg);
         };
         let now = Instant::now();
         for ss in &step.seqs {
@@ -603,12 +608,7 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
         let restores = sched.take_restores();
         if !restores.is_empty() {
             if let Err(e) = model.restore_pages(&restores) {
-                let msg = format!("restoring KV pages from host memory: {e}");
-                for (_, lv) in live.drain() {
-                    inner.pending.fetch_sub(1, Ordering::Relaxed);
-                    lv.send(Event::Failed(msg.clone()));
-                }
-                return fail(inner, msg);
+                return fail_all(inner, &mut live, format!("restoring KV pages from host memory: {e}"));
             }
         }
         let want_logits = step.seqs.iter().any(|ss| ss.samples && live.get(&ss.id).is_some_and(|lv| lv.host_sample || lv.req.logprobs.is_some() || lv.req.return_logits));
@@ -616,12 +616,7 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
         let out = match model.step(&step, want_logits) {
             Ok(o) => o,
             Err(e) => {
-                let msg = format!("the model failed in a step: {e}");
-                for (_, lv) in live.drain() {
-                    inner.pending.fetch_sub(1, Ordering::Relaxed);
-                    lv.send(Event::Failed(msg.clone()));
-                }
-                return fail(inner, msg);
+                return fail_all(inner, &mut live, format!("the model failed in a step: {e}"));
             }
         };
         m.steps.inc();
@@ -678,12 +673,7 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
         let stores = sched.take_stores();
         if !stores.is_empty() {
             if let Err(e) = model.store_pages(&stores) {
-                let msg = format!("copying KV pages to host memory: {e}");
-                for (_, lv) in live.drain() {
-                    inner.pending.fetch_sub(1, Ordering::Relaxed);
-                    lv.send(Event::Failed(msg.clone()));
-                }
-                return fail(inner, msg);
+                return fail_all(inner, &mut live, format!("copying KV pages to host memory: {e}"));
             }
         }
         let now = Instant::now();

@@ -378,6 +378,18 @@ pub async fn completions(AxState(state): AxState<AppState>, body: Result<Bytes, 
     if c.stream {
         return Ok(sse(state.clone(), job, Api::Completions, rid, model, created, &c, echo_text, logprobs.is_some(), token_ids).into_response());
     }
+    let (choices, usage) = finish_job(job, token_ids, |i, ch, reason, sr| {
+        let text = format!("{}{}", echo_text[i], ch.text);
+        let lpv = if logprobs.is_some() { completion_logprobs(s, &ch.logprobs, 0) } else { Value::Null };
+        json!({"index": i, "text": text, "logprobs": lpv, "finish_reason": reason.as_str(), "stop_reason": sr})
+    })
+    .await?;
+    Ok(Json(json!({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices, "usage": usage})).into_response())
+}
+
+/// Waits for every choice of a job that is not streamed and writes each with `shape(index,
+/// choice, finish reason, stop reason)`; the choices and the usage object.
+async fn finish_job(job: Job, token_ids: bool, shape: impl Fn(usize, &Choice, FinishReason, Value) -> Value) -> ApiResult<(Vec<Value>, Value)> {
     let prompt_tokens = job.prompt_tokens;
     let results = futures_util::future::join_all(job.handles.into_iter().map(collect)).await;
     let mut choices = Vec::new();
@@ -387,15 +399,13 @@ pub async fn completions(AxState(state): AxState<AppState>, body: Result<Bytes, 
         completion += ch.tokens;
         cached += ch.cached_tokens;
         let (reason, sr) = ch.finish.clone().unwrap_or((FinishReason::Abort, None));
-        let text = format!("{}{}", echo_text[i], ch.text);
-        let lpv = if logprobs.is_some() { completion_logprobs(s, &ch.logprobs, 0) } else { Value::Null };
-        let mut choice = json!({"index": i, "text": text, "logprobs": lpv, "finish_reason": reason.as_str(), "stop_reason": stop_reason(&sr)});
+        let mut choice = shape(i, &ch, reason, stop_reason(&sr));
         if token_ids {
             choice["token_ids"] = json!(ch.ids);
         }
         choices.push(choice);
     }
-    Ok(Json(json!({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices, "usage": usage(prompt_tokens, completion, cached)})).into_response())
+    Ok((choices, usage(prompt_tokens, completion, cached)))
 }
 
 fn unix_now() -> u64 {
@@ -480,23 +490,12 @@ pub async fn chat(AxState(state): AxState<AppState>, body: Result<Bytes, BytesRe
     if c.stream {
         return Ok(sse(state.clone(), job, Api::Chat, rid, model, created, &c, vec![], logprobs.is_some(), token_ids).into_response());
     }
-    let prompt_tokens = job.prompt_tokens;
-    let results = futures_util::future::join_all(job.handles.into_iter().map(collect)).await;
-    let mut choices = Vec::new();
-    let (mut completion, mut cached) = (0, 0);
-    for (i, r) in results.into_iter().enumerate() {
-        let ch = r?;
-        completion += ch.tokens;
-        cached += ch.cached_tokens;
-        let (reason, sr) = ch.finish.clone().unwrap_or((FinishReason::Abort, None));
+    let (choices, usage) = finish_job(job, token_ids, |i, ch, reason, sr| {
         let lpv = if logprobs.is_some() { chat_logprobs(s, &ch.logprobs) } else { Value::Null };
-        let mut choice = json!({"index": i, "message": {"role": "assistant", "content": ch.text, "tool_calls": []}, "logprobs": lpv, "finish_reason": reason.as_str(), "stop_reason": stop_reason(&sr)});
-        if token_ids {
-            choice["token_ids"] = json!(ch.ids);
-        }
-        choices.push(choice);
-    }
-    Ok(Json(json!({"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices, "usage": usage(prompt_tokens, completion, cached)})).into_response())
+        json!({"index": i, "message": {"role": "assistant", "content": ch.text, "tool_calls": []}, "logprobs": lpv, "finish_reason": reason.as_str(), "stop_reason": sr})
+    })
+    .await?;
+    Ok(Json(json!({"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices, "usage": usage})).into_response())
 }
 
 pub async fn tokenize(AxState(state): AxState<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult<Json<Value>> {
