@@ -678,65 +678,153 @@ mod tests {
         ctx.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &t| (h ^ t as u64).wrapping_mul(0x100_0000_01b3)) as u32 % 1000
     }
 
-    fn reference(prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+    /// A rule whose outputs often repeat earlier tokens (so n-gram drafts are accepted
+    /// sometimes, rejected other times): copy the token 5 back, except where a hash says not to.
+    fn repeaty(ctx: &[u32]) -> u32 {
+        let h = next_token(ctx);
+        if ctx.len() >= 5 && !h.is_multiple_of(3) { ctx[ctx.len() - 5] } else { h }
+    }
+
+    /// What `rule` generates after `prompt`, token by token.
+    fn reference(rule: fn(&[u32]) -> u32, prompt: &[u32], n: usize) -> Vec<u32> {
         let mut ctx = prompt.to_vec();
-        for _ in 0..max_tokens {
-            let t = next_token(&ctx);
+        for _ in 0..n {
+            let t = rule(&ctx);
             ctx.push(t);
         }
         ctx[prompt.len()..].to_vec()
     }
 
-    /// Runs steps; the "model" reads each sequence's context from a fake KV store through the
-    /// block table, as the kernels do.
+    /// The model side of a step, as the engine runs it: host-tier restores copied in, every row's
+    /// next token computed by `rule` from its context read back through its block table (as the
+    /// kernels read KV), the step committed, host-tier stores copied out.
     struct Fake {
         kv: Vec<Option<(u32, u32)>>,
+        host: Vec<Option<(u32, u32)>>,
+        pt: usize,
+        rule: fn(&[u32]) -> u32,
     }
 
     impl Fake {
-        fn run(&mut self, st: &Step, page_tokens: usize) -> Vec<i32> {
+        fn new(s: &Scheduler, host_slots: usize, rule: fn(&[u32]) -> u32) -> Fake {
+            let pt = s.page_tokens();
+            Fake { kv: vec![None; s.total_pages() * pt], host: vec![None; host_slots * pt], pt, rule }
+        }
+
+        fn step(&mut self, s: &mut Scheduler, st: &Step) -> Vec<SeqOutput> {
+            let pt = self.pt;
+            for (slot, page) in s.take_restores() {
+                for k in 0..pt {
+                    self.kv[page as usize * pt + k] = self.host[slot as usize * pt + k];
+                }
+            }
             for (t, &slot) in st.slot_mapping.iter().enumerate().take(st.real_tokens) {
                 self.kv[slot as usize] = Some((st.token_ids[t] as u32, st.positions[t] as u32));
             }
-            (0..st.real_seqs)
+            let sampled: Vec<i32> = (0..st.real_seqs)
                 .map(|r| {
-                    let len = st.seq_lens[r] as usize;
-                    let ctx: Vec<u32> = (0..len)
+                    let ctx: Vec<u32> = (0..st.seq_lens[r] as usize)
                         .map(|p| {
-                            let page = st.block_tables[r * st.pages + p / page_tokens];
-                            let (tok, pos) = self.kv[page as usize * page_tokens + p % page_tokens].expect("KV slot never written");
+                            let page = st.block_tables[r * st.pages + p / pt];
+                            let (tok, pos) = self.kv[page as usize * pt + p % pt].expect("KV slot never written");
                             assert_eq!(pos as usize, p, "KV slot holds another position");
                             tok
                         })
                         .collect();
-                    next_token(&ctx) as i32
+                    (self.rule)(&ctx) as i32
                 })
-                .collect()
+                .collect();
+            let out = s.commit(st, &sampled);
+            for (page, slot) in s.take_stores() {
+                for k in 0..pt {
+                    self.host[slot as usize * pt + k] = self.kv[page as usize * pt + k];
+                }
+            }
+            out
         }
+    }
+
+    /// One request of [`drive`]: its prompt, max tokens, and the step it is aborted at.
+    type Req = (Vec<u32>, usize, Option<usize>);
+
+    /// Runs `reqs` to the end through `fake`, aborting each at its step, checking the step
+    /// budgets and the page accounting after every step, that no aborted sequence produces a
+    /// token, and finally that every sequence got exactly the rule's tokens (a prefix of them
+    /// when aborted) and that every page came back.
+    fn drive(s: &mut Scheduler, fake: &mut Fake, reqs: Vec<Req>) -> Result<(), proptest::test_runner::TestCaseError> {
+        let (chunk, max_seqs, total) = (s.config().chunk, s.config().max_seqs, s.total_pages());
+        // (id, prompt, max tokens, abort at step, tokens so far, aborted)
+        #[allow(clippy::type_complexity)]
+        let mut live: Vec<(SeqId, Vec<u32>, usize, Option<usize>, Vec<u32>, bool)> = Vec::new();
+        for (prompt, max_tokens, abort_at) in reqs {
+            match s.add(prompt.clone(), SamplingParams { max_tokens, ..Default::default() }) {
+                Ok(id) => live.push((id, prompt, max_tokens, abort_at, vec![], false)),
+                Err(AddError::PoolTooSmall { .. }) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let mut step_no = 0;
+        while s.has_work() {
+            for l in live.iter_mut() {
+                if l.3 == Some(step_no) && !l.5 {
+                    s.abort(l.0);
+                    l.5 = true;
+                }
+            }
+            if !s.has_work() {
+                break;
+            }
+            let st = s.schedule(no_pad).expect("progress");
+            proptest::prop_assert!(st.real_tokens <= chunk && st.real_seqs <= max_seqs);
+            for o in fake.step(s, &st) {
+                let l = live.iter_mut().find(|l| l.0 == o.id).unwrap();
+                proptest::prop_assert!(!l.5, "output after abort");
+                l.4.push(o.token);
+            }
+            s.check_invariants();
+            step_no += 1;
+            proptest::prop_assert!(step_no < 5000, "no progress");
+        }
+        for (_, prompt, max_tokens, _, got, aborted) in &live {
+            let want = reference(fake.rule, prompt, *max_tokens);
+            if *aborted {
+                proptest::prop_assert!(want.starts_with(got));
+            } else {
+                proptest::prop_assert_eq!(got, &want);
+            }
+        }
+        proptest::prop_assert_eq!(s.free_pages(), total);
+        Ok(())
+    }
+
+    /// Runs every queued sequence to the end (no aborts); the tokens each produced, by id, and
+    /// the rows computed in all.
+    fn run_all(s: &mut Scheduler, fake: &mut Fake) -> (std::collections::HashMap<SeqId, Vec<u32>>, usize, usize) {
+        let (mut out, mut computed, mut steps) = (std::collections::HashMap::<SeqId, Vec<u32>>::new(), 0, 0);
+        while s.has_work() {
+            let st = s.schedule(no_pad).expect("a lone sequence always fits");
+            computed += st.real_tokens;
+            for o in fake.step(s, &st) {
+                out.entry(o.id).or_default().push(o.token);
+            }
+            s.check_invariants();
+            steps += 1;
+            assert!(steps < 1000, "no progress");
+        }
+        (out, computed, steps)
     }
 
     #[test]
     fn preempted_sequences_resume_with_the_same_output() {
         // 6 pages of 4 tokens: three sequences of 6 + 10 tokens cannot all stay.
         let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 8, max_context: 64, pages_per_seq: 16, spec: None }, BlockManager::new(6, 4));
+        let mut fake = Fake::new(&s, 0, next_token);
         let prompts: Vec<Vec<u32>> = (0..3).map(|i| (0..6).map(|t| t * 7 + i).collect()).collect();
         let ids: Vec<SeqId> = prompts.iter().map(|p| s.add(p.clone(), SamplingParams { max_tokens: 10, ..Default::default() }).unwrap()).collect();
-        let mut fake = Fake { kv: vec![None; 24] };
-        let mut got: Vec<Vec<u32>> = vec![vec![]; 3];
-        let mut steps = 0;
-        while s.has_work() {
-            let st = s.schedule(no_pad).expect("a lone sequence always fits");
-            let sampled = fake.run(&st, 4);
-            for o in s.commit(&st, &sampled) {
-                got[ids.iter().position(|&i| i == o.id).unwrap()].push(o.token);
-            }
-            s.check_invariants();
-            steps += 1;
-            assert!(steps < 1000, "no progress");
-        }
+        let (got, _, _) = run_all(&mut s, &mut fake);
         assert!(s.preemptions() > 0, "the pool is too small for all three: someone was preempted");
-        for (p, g) in prompts.iter().zip(&got) {
-            assert_eq!(g, &reference(p, 10));
+        for (p, id) in prompts.iter().zip(&ids) {
+            assert_eq!(got[id], reference(next_token, p, 10));
         }
         assert_eq!(s.free_pages(), 6);
     }
@@ -771,6 +859,75 @@ mod tests {
         assert_eq!(s.used_pages(), 2, "17 computed tokens + 1 being computed");
     }
 
+    #[test]
+    fn a_cached_prefix_is_not_computed_again_and_gives_the_same_tokens() {
+        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 4, max_context: 256, pages_per_seq: 64, spec: None }, BlockManager::new(64, 4));
+        let mut fake = Fake::new(&s, 0, next_token);
+        let system: Vec<u32> = (0..22).map(|t| 500 + t).collect();
+        // The tokens of one request, and the tokens its first step computed.
+        let mut run = |s: &mut Scheduler, prompt: &[u32]| -> (Vec<u32>, usize) {
+            let id = s.add(prompt.to_vec(), SamplingParams { max_tokens: 5, ..Default::default() }).unwrap();
+            let first = s.schedule(no_pad).unwrap();
+            let n = first.seqs[0].n;
+            let mut out: Vec<u32> = fake.step(s, &first).into_iter().map(|o| o.token).collect();
+            let (rest, _, _) = run_all(s, &mut fake);
+            out.extend(rest.get(&id).cloned().unwrap_or_default());
+            (out, n)
+        };
+        let a: Vec<u32> = system.iter().copied().chain([1, 2, 3]).collect();
+        let (out_a, n_a) = run(&mut s, &a);
+        assert_eq!((out_a.clone(), n_a), (reference(next_token, &a, 5), 25), "cold: the whole prompt");
+        let b: Vec<u32> = system.iter().copied().chain([7, 8]).collect();
+        let (out_b, n_b) = run(&mut s, &b);
+        assert_eq!(out_b, reference(next_token, &b, 5));
+        assert_eq!(n_b, 24 - 20, "5 full pages of the 22-token system prompt hit: 20 tokens");
+        assert_eq!(s.cache_stats().hits, 20);
+        // The same prompt again: everything but the last page's worth is cached, and at least
+        // the last token is computed.
+        let (out_a2, n_a2) = run(&mut s, &a);
+        assert_eq!(out_a2, out_a);
+        assert_eq!(n_a2, 25 - 24, "the last token only");
+        assert_eq!(s.free_pages(), 64);
+    }
+
+    #[test]
+    fn a_prefix_evicted_from_the_gpu_comes_back_from_the_host() {
+        // 8 GPU pages: a 6-page prompt, then another 6-page prompt evicts most of it.
+        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 1, max_context: 64, pages_per_seq: 16, spec: None }, BlockManager::new(8, 4).with_host_tier(32));
+        let mut fake = Fake::new(&s, 32, next_token);
+        let mut run = |s: &mut Scheduler, prompt: &[u32]| {
+            let id = s.add(prompt.to_vec(), SamplingParams { max_tokens: 3, ..Default::default() }).unwrap();
+            let (out, computed, _) = run_all(s, &mut fake);
+            (out[&id].clone(), computed)
+        };
+        let a: Vec<u32> = (0..25).collect();
+        let b: Vec<u32> = (100..125).collect();
+        let (out_a, n) = run(&mut s, &a);
+        assert_eq!((out_a.clone(), n), (reference(next_token, &a, 3), 25 + 2));
+        run(&mut s, &b);
+        let (again, n) = run(&mut s, &a);
+        assert_eq!(again, out_a, "the same tokens from restored pages");
+        assert_eq!(n, 1 + 2, "all 6 full pages restored: only the last token and the decodes computed");
+        assert!(s.cache_stats().host_hits >= 4 * 4, "{:?}", s.cache_stats());
+    }
+
+    #[test]
+    fn drafts_are_verified_in_one_step_and_accepted_while_they_match() {
+        let spec = SpecConfig { k: 4, min_n: 1, max_n: 3 };
+        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 8, max_context: 256, pages_per_seq: 64, spec: Some(spec) }, BlockManager::new(64, 4));
+        // The rule copies the token 5 back: a prompt of period 5 continues it forever.
+        let copy5: fn(&[u32]) -> u32 = |ctx| ctx[ctx.len() - 5];
+        let mut fake = Fake::new(&s, 0, copy5);
+        let prompt: Vec<u32> = [1, 2, 3, 4, 5].repeat(3);
+        let id = s.add(prompt.clone(), SamplingParams { max_tokens: 30, ..Default::default() }).unwrap();
+        let (out, _, steps) = run_all(&mut s, &mut fake);
+        assert_eq!(out[&id], reference(copy5, &prompt, 30));
+        assert!(steps <= 1 + 30 / 5 + 1, "5 tokens per verify step once drafting starts ({steps} steps)");
+        let st = s.spec_stats();
+        assert_eq!(st.accepted_tokens, st.draft_tokens, "every draft of a perfectly periodic text is right: {st:?}");
+        assert!(st.accepted_tokens >= 20, "{st:?}");
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
         /// Random arrivals, aborts and pool sizes: every sequence either finishes with exactly
@@ -782,93 +939,16 @@ mod tests {
             max_seqs in 1usize..6,
             reqs in proptest::collection::vec((1usize..20, 1usize..12, 0u32..50, proptest::option::of(0usize..30)), 1..12),
         ) {
-            let page_tokens = 4;
-            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 64, pages_per_seq: 16, spec: None }, BlockManager::new(pages, page_tokens));
-            let mut fake = Fake { kv: vec![None; pages * page_tokens] };
-            // (id, prompt, max tokens, abort at step, tokens so far, aborted)
-            #[allow(clippy::type_complexity)]
-            let mut live: Vec<(SeqId, Vec<u32>, usize, Option<usize>, Vec<u32>, bool)> = Vec::new();
-            for (plen, max_tokens, salt, abort_at) in reqs {
-                let prompt: Vec<u32> = (0..plen as u32).map(|t| t * 31 + salt).collect();
-                match s.add(prompt.clone(), SamplingParams { max_tokens, ..Default::default() }) {
-                    Ok(id) => live.push((id, prompt, max_tokens, abort_at, vec![], false)),
-                    Err(AddError::PoolTooSmall { .. }) => {}
-                    Err(e) => panic!("{e}"),
-                }
-            }
-            let mut step_no = 0;
-            while s.has_work() {
-                for l in live.iter_mut() {
-                    if l.3 == Some(step_no) && !l.5 {
-                        s.abort(l.0);
-                        l.5 = true;
-                    }
-                }
-                if !s.has_work() { break; }
-                let st = s.schedule(no_pad).expect("progress");
-                proptest::prop_assert!(st.real_tokens <= chunk && st.real_seqs <= max_seqs);
-                let sampled = fake.run(&st, page_tokens);
-                for o in s.commit(&st, &sampled) {
-                    let l = live.iter_mut().find(|l| l.0 == o.id).unwrap();
-                    proptest::prop_assert!(!l.5, "output after abort");
-                    l.4.push(o.token);
-                }
-                s.check_invariants();
-                step_no += 1;
-                proptest::prop_assert!(step_no < 5000, "no progress");
-            }
-            for (_, prompt, max_tokens, _, got, aborted) in &live {
-                let want = reference(prompt, *max_tokens);
-                if *aborted {
-                    proptest::prop_assert!(want.starts_with(got));
-                } else {
-                    proptest::prop_assert_eq!(got, &want);
-                }
-            }
-            proptest::prop_assert_eq!(s.free_pages(), pages);
+            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 64, pages_per_seq: 16, spec: None }, BlockManager::new(pages, 4));
+            let mut fake = Fake::new(&s, 0, next_token);
+            let reqs = reqs.into_iter().map(|(plen, max_tokens, salt, abort_at)| ((0..plen as u32).map(|t| t * 31 + salt).collect(), max_tokens, abort_at)).collect();
+            drive(&mut s, &mut fake, reqs)?;
         }
-    }
 
-    #[test]
-    fn a_cached_prefix_is_not_computed_again_and_gives_the_same_tokens() {
-        let pt = 4;
-        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 4, max_context: 256, pages_per_seq: 64, spec: None }, BlockManager::new(64, pt));
-        let mut fake = Fake { kv: vec![None; 64 * pt] };
-        let system: Vec<u32> = (0..22).map(|t| 500 + t).collect();
-        let run = |s: &mut Scheduler, fake: &mut Fake, prompt: Vec<u32>| -> (Vec<u32>, usize) {
-            let id = s.add(prompt, SamplingParams { max_tokens: 5, ..Default::default() }).unwrap();
-            let mut out = vec![];
-            let mut first_n = None;
-            while s.has_work() {
-                let st = s.schedule(no_pad).unwrap();
-                first_n.get_or_insert(st.seqs[0].n);
-                let sampled = fake.run(&st, pt);
-                out.extend(s.commit(&st, &sampled).into_iter().filter(|o| o.id == id).map(|o| o.token));
-                s.check_invariants();
-            }
-            (out, first_n.unwrap())
-        };
-        let a: Vec<u32> = system.iter().copied().chain([1, 2, 3]).collect();
-        let (out_a, n_a) = run(&mut s, &mut fake, a.clone());
-        assert_eq!((out_a.clone(), n_a), (reference(&a, 5), 25), "cold: the whole prompt");
-        let b: Vec<u32> = system.iter().copied().chain([7, 8]).collect();
-        let (out_b, n_b) = run(&mut s, &mut fake, b.clone());
-        assert_eq!(out_b, reference(&b, 5));
-        assert_eq!(n_b, 24 - 20, "5 full pages of the 22-token system prompt hit: 20 tokens");
-        assert_eq!(s.cache_stats().hits, 20);
-        // The same prompt again: everything but the last page's worth is cached, and at least
-        // the last token is computed.
-        let (out_a2, n_a2) = run(&mut s, &mut fake, a.clone());
-        assert_eq!(out_a2, out_a);
-        assert_eq!(n_a2, 25 - 24, "the last token only");
-        assert_eq!(s.free_pages(), 64);
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
-        /// Shared prefixes, small pools, aborts and preemption with the prefix cache on: every
-        /// finished sequence gets exactly its reference tokens (cached pages hold what a
-        /// recomputation would write), counts return to zero, the pool's lists stay consistent.
+        /// Shared prefixes, small pools, aborts and preemption with the prefix cache on (and a host
+        /// tier or not): every finished sequence gets exactly its reference tokens (cached pages
+        /// hold what a recomputation would write), counts return to zero, the pool's lists stay
+        /// consistent.
         #[test]
         fn prefix_sharing_under_pressure_keeps_outputs_exact(
             pages in 6usize..30,
@@ -876,162 +956,18 @@ mod tests {
             chunk in 1usize..24,
             reqs in proptest::collection::vec((0usize..3, 0usize..9, 1usize..8, proptest::option::of(0usize..40)), 1..14),
         ) {
-            let pt = 4;
-            let blocks = BlockManager::new(pages, pt).with_host_tier(host_slots.unwrap_or(0));
-            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs: 4, max_context: 64, pages_per_seq: 16, spec: None }, blocks);
-            let mut fake = Fake { kv: vec![None; pages * pt] };
-            // The host tier's memory, as the engine's model keeps it.
-            let mut host: Vec<Option<(u32, u32)>> = vec![None; host_slots.unwrap_or(0) * pt];
+            let slots = host_slots.unwrap_or(0);
+            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs: 4, max_context: 64, pages_per_seq: 16, spec: None }, BlockManager::new(pages, 4).with_host_tier(slots));
+            let mut fake = Fake::new(&s, slots, next_token);
             let prefixes: [Vec<u32>; 3] = [(0..13).collect(), (0..9).map(|t| 100 + t).collect(), (0..4).collect()];
-            let mut live = vec![];
-            for (k, (pre, extra, max_tokens, abort_at)) in reqs.into_iter().enumerate() {
-                let prompt: Vec<u32> = prefixes[pre].iter().copied().chain((0..extra as u32).map(|t| 1000 + t + k as u32)).collect();
-                match s.add(prompt.clone(), SamplingParams { max_tokens, ..Default::default() }) {
-                    Ok(id) => live.push((id, prompt, max_tokens, abort_at, vec![], false)),
-                    Err(AddError::PoolTooSmall { .. }) => {}
-                    Err(e) => panic!("{e}"),
-                }
-            }
-            let mut step_no = 0;
-            while s.has_work() {
-                for l in live.iter_mut() {
-                    if l.3 == Some(step_no) && !l.5 {
-                        s.abort(l.0);
-                        l.5 = true;
-                    }
-                }
-                if !s.has_work() { break; }
-                let st = s.schedule(no_pad).expect("progress");
-                for (slot, page) in s.take_restores() {
-                    for k in 0..pt {
-                        fake.kv[page as usize * pt + k] = host[slot as usize * pt + k];
-                    }
-                }
-                let sampled = fake.run(&st, pt);
-                for o in s.commit(&st, &sampled) {
-                    live.iter_mut().find(|l| l.0 == o.id).unwrap().4.push(o.token);
-                }
-                for (page, slot) in s.take_stores() {
-                    for k in 0..pt {
-                        host[slot as usize * pt + k] = fake.kv[page as usize * pt + k];
-                    }
-                }
-                s.check_invariants();
-                step_no += 1;
-                proptest::prop_assert!(step_no < 5000, "no progress");
-            }
-            for (_, prompt, max_tokens, _, got, aborted) in &live {
-                let want = reference(prompt, *max_tokens);
-                if *aborted { proptest::prop_assert!(want.starts_with(got)); } else { proptest::prop_assert_eq!(got, &want); }
-            }
-            proptest::prop_assert_eq!(s.free_pages(), pages);
+            let reqs = reqs
+                .into_iter()
+                .enumerate()
+                .map(|(k, (pre, extra, max_tokens, abort_at))| (prefixes[pre].iter().copied().chain((0..extra as u32).map(|t| 1000 + t + k as u32)).collect(), max_tokens, abort_at))
+                .collect();
+            drive(&mut s, &mut fake, reqs)?;
         }
-    }
 
-    #[test]
-    fn a_prefix_evicted_from_the_gpu_comes_back_from_the_host() {
-        let pt = 4;
-        // 8 GPU pages: a 6-page prompt, then another 6-page prompt evicts most of it.
-        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 1, max_context: 64, pages_per_seq: 16, spec: None }, BlockManager::new(8, pt).with_host_tier(32));
-        let mut fake = Fake { kv: vec![None; 8 * pt] };
-        let mut host = vec![None; 32 * pt];
-        let mut run = |s: &mut Scheduler, prompt: &[u32]| {
-            s.add(prompt.to_vec(), SamplingParams { max_tokens: 3, ..Default::default() }).unwrap();
-            let (mut out, mut computed) = (vec![], 0);
-            while s.has_work() {
-                let st = s.schedule(no_pad).unwrap();
-                for (slot, page) in s.take_restores() {
-                    for k in 0..pt {
-                        fake.kv[page as usize * pt + k] = host[slot as usize * pt + k];
-                    }
-                }
-                computed += st.real_tokens;
-                let sampled = fake.run(&st, pt);
-                out.extend(s.commit(&st, &sampled).into_iter().map(|o| o.token));
-                for (page, slot) in s.take_stores() {
-                    for k in 0..pt {
-                        host[slot as usize * pt + k] = fake.kv[page as usize * pt + k];
-                    }
-                }
-                s.check_invariants();
-            }
-            (out, computed)
-        };
-        let a: Vec<u32> = (0..25).collect();
-        let b: Vec<u32> = (100..125).collect();
-        let (out_a, n) = run(&mut s, &a);
-        assert_eq!((out_a.clone(), n), (reference(&a, 3), 25 + 2));
-        run(&mut s, &b);
-        let (again, n) = run(&mut s, &a);
-        assert_eq!(again, out_a, "the same tokens from restored pages");
-        assert_eq!(n, 1 + 2, "all 6 full pages restored: only the last token and the decodes computed");
-        assert!(s.cache_stats().host_hits >= 4 * pt as u64, "{:?}", s.cache_stats());
-    }
-
-    /// A rule whose outputs often repeat earlier tokens (so n-gram drafts are accepted
-    /// sometimes, rejected other times): copy the token 5 back, except where a hash says not to.
-    fn repeaty(ctx: &[u32]) -> u32 {
-        let h = next_token(ctx);
-        if ctx.len() >= 5 && !h.is_multiple_of(3) { ctx[ctx.len() - 5] } else { h }
-    }
-
-    fn reference_with(rule: fn(&[u32]) -> u32, prompt: &[u32], n: usize) -> Vec<u32> {
-        let mut ctx = prompt.to_vec();
-        for _ in 0..n {
-            let t = rule(&ctx);
-            ctx.push(t);
-        }
-        ctx[prompt.len()..].to_vec()
-    }
-
-    /// Runs a step like `Fake::run`, with `rule`.
-    fn run_rule(kv: &mut [Option<(u32, u32)>], st: &Step, pt: usize, rule: fn(&[u32]) -> u32) -> Vec<i32> {
-        for (t, &slot) in st.slot_mapping.iter().enumerate().take(st.real_tokens) {
-            kv[slot as usize] = Some((st.token_ids[t] as u32, st.positions[t] as u32));
-        }
-        (0..st.real_seqs)
-            .map(|r| {
-                let ctx: Vec<u32> = (0..st.seq_lens[r] as usize)
-                    .map(|p| {
-                        let page = st.block_tables[r * st.pages + p / pt];
-                        let (tok, pos) = kv[page as usize * pt + p % pt].expect("KV slot never written");
-                        assert_eq!(pos as usize, p);
-                        tok
-                    })
-                    .collect();
-                rule(&ctx) as i32
-            })
-            .collect()
-    }
-
-    #[test]
-    fn drafts_are_verified_in_one_step_and_accepted_while_they_match() {
-        let pt = 4;
-        let spec = SpecConfig { k: 4, min_n: 1, max_n: 3 };
-        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 8, max_context: 256, pages_per_seq: 64, spec: Some(spec) }, BlockManager::new(64, pt));
-        let mut kv = vec![None; 64 * pt];
-        // The rule copies the token 5 back: a prompt of period 5 continues it forever.
-        let copy5 = |ctx: &[u32]| ctx[ctx.len() - 5];
-        let prompt: Vec<u32> = [1, 2, 3, 4, 5].repeat(3);
-        let id = s.add(prompt.clone(), SamplingParams { max_tokens: 30, ..Default::default() }).unwrap();
-        let mut out = vec![];
-        let mut steps = 0;
-        while s.has_work() {
-            let st = s.schedule(no_pad).unwrap();
-            let sampled = run_rule(&mut kv, &st, pt, copy5);
-            out.extend(s.commit(&st, &sampled).into_iter().filter(|o| o.id == id).map(|o| o.token));
-            s.check_invariants();
-            steps += 1;
-        }
-        assert_eq!(out, reference_with(copy5, &prompt, 30));
-        assert!(steps <= 1 + 30 / 5 + 1, "5 tokens per verify step once drafting starts ({steps} steps)");
-        let st = s.spec_stats();
-        assert_eq!(st.accepted_tokens, st.draft_tokens, "every draft of a perfectly periodic text is right: {st:?}");
-        assert!(st.accepted_tokens >= 20, "{st:?}");
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
         /// With drafts (accepted or not), preemption, the prefix cache and aborts, every finished
         /// sequence gets exactly the tokens decoding without drafts gives.
         #[test]
@@ -1042,43 +978,11 @@ mod tests {
             max_seqs in 1usize..8,
             reqs in proptest::collection::vec((0u32..4, 1usize..16, 1usize..20, proptest::option::of(0usize..30)), 1..10),
         ) {
-            let pt = 4;
             let spec = SpecConfig { k, min_n: 1, max_n: 3 };
-            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 64, pages_per_seq: 16, spec: Some(spec) }, BlockManager::new(pages, pt));
-            let mut kv = vec![None; pages * pt];
-            let mut live = vec![];
-            for (seed, plen, max_tokens, abort_at) in reqs {
-                let prompt: Vec<u32> = (0..plen as u32).map(|t| (t * 7 + seed) % 5).collect();
-                match s.add(prompt.clone(), SamplingParams { max_tokens, ..Default::default() }) {
-                    Ok(id) => live.push((id, prompt, max_tokens, abort_at, vec![], false)),
-                    Err(AddError::PoolTooSmall { .. }) => {}
-                    Err(e) => panic!("{e}"),
-                }
-            }
-            let mut step_no = 0;
-            while s.has_work() {
-                for l in live.iter_mut() {
-                    if l.3 == Some(step_no) && !l.5 {
-                        s.abort(l.0);
-                        l.5 = true;
-                    }
-                }
-                if !s.has_work() { break; }
-                let st = s.schedule(no_pad).expect("progress");
-                proptest::prop_assert!(st.real_seqs <= max_seqs && st.real_tokens <= chunk);
-                let sampled = run_rule(&mut kv, &st, pt, repeaty);
-                for o in s.commit(&st, &sampled) {
-                    live.iter_mut().find(|l| l.0 == o.id).unwrap().4.push(o.token);
-                }
-                s.check_invariants();
-                step_no += 1;
-                proptest::prop_assert!(step_no < 5000, "no progress");
-            }
-            for (_, prompt, max_tokens, _, got, aborted) in &live {
-                let want = reference_with(repeaty, prompt, *max_tokens);
-                if *aborted { proptest::prop_assert!(want.starts_with(got)); } else { proptest::prop_assert_eq!(got, &want); }
-            }
-            proptest::prop_assert_eq!(s.free_pages(), pages);
+            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 64, pages_per_seq: 16, spec: Some(spec) }, BlockManager::new(pages, 4));
+            let mut fake = Fake::new(&s, 0, repeaty);
+            let reqs = reqs.into_iter().map(|(seed, plen, max_tokens, abort_at)| ((0..plen as u32).map(|t| (t * 7 + seed) % 5).collect(), max_tokens, abort_at)).collect();
+            drive(&mut s, &mut fake, reqs)?;
         }
     }
 }
