@@ -22,8 +22,6 @@ for i in range(8):
     block = [r.randrange(151643) for _ in range(120)]
     open(f"{w}/p{i}.txt", "w").write(",".join(map(str, block + block[:60] + block + block[:20])))
 PY
-declare -a rows
-row() { rows+=("$(printf '%-40s %s' "$1" "$2")"); }
 fails=0
 for batch in 1 8; do
   args=()
@@ -33,19 +31,6 @@ for batch in 1 8; do
     $K generate --model $d "${args[@]}" --max-tokens 128 --ignore-eos --dump $W/$mode-$batch "${extra[@]}" >/dev/null 2>$W/$mode-$batch.log || { cat $W/$mode-$batch.log; fails=1; continue; }
     grep -E "decode|speculative" $W/$mode-$batch.log | sed "s/^/[$mode batch $batch] /"
   done
-  python3 - $W $batch <<'PY' || fails=1
-import json, re, sys
-w, b = sys.argv[1], sys.argv[2]
-a = json.load(open(f"{w}/plain-{b}/tokens.json"))["outputs"]
-s = json.load(open(f"{w}/spec-{b}/tokens.json"))["outputs"]
-same = sum(x == y for x, y in zip(a, s))
-firsts = [next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), None) for x, y in zip(a, s)]
-rate = lambda f: float(re.search(r"decode \d+ tokens in \d+ steps, ([\d.]+) tok/s", open(f).read()).group(1))
-acc = re.search(r"(\d+) of (\d+) draft tokens accepted \(([\d.]+)%\)", open(f"{w}/spec-{b}.log").read())
-r0, r1 = rate(f"{w}/plain-{b}.log"), rate(f"{w}/spec-{b}.log")
-print(f"RESULT batch {b}: identical {same}/{len(a)} (first differences at {[f for f in firsts if f is not None]}), "
-      f"decode {r0:.1f} → {r1:.1f} tok/s ({r1 / r0:.2f}×), accepted {acc.group(1)}/{acc.group(2)} ({acc.group(3)}%)")
-sys.exit(0 if same == len(a) else 1)
-PY
+  python3 scripts/gpu/spec_compare.py $W $batch "random qwen3-4b" || fails=1
 done
 exit $fails

@@ -27,21 +27,7 @@ for batch in 1 4; do
     $K generate --model $W/model --chat "${args[@]}" --max-tokens 256 --dump $W/$mode-$batch "${extra[@]}" > $W/$mode-$batch.out 2>$W/$mode-$batch.log || { cat $W/$mode-$batch.log; fails=1; continue; }
     grep -E "decode|speculative" $W/$mode-$batch.log | sed "s/^/[$mode batch $batch] /"
   done
-  python3 - $W $batch <<'PY' || fails=1
-import json, re, sys
-w, b = sys.argv[1], sys.argv[2]
-a = json.load(open(f"{w}/plain-{b}/tokens.json"))["outputs"]
-s = json.load(open(f"{w}/spec-{b}/tokens.json"))["outputs"]
-same = sum(x == y for x, y in zip(a, s))
-firsts = [next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), None) for x, y in zip(a, s)]
-rate = lambda f: float(re.search(r"decode \d+ tokens in \d+ steps, ([\d.]+) tok/s", open(f).read()).group(1))
-acc = re.search(r"(\d+) of (\d+) draft tokens accepted \(([\d.]+)%\) in (\d+) verify rows", open(f"{w}/spec-{b}.log").read())
-r0, r1 = rate(f"{w}/plain-{b}.log"), rate(f"{w}/spec-{b}.log")
-print(f"RESULT real model batch {b}: identical {same}/{len(a)} (first differences at {[f for f in firsts if f is not None]}), "
-      f"decode {r0:.1f} -> {r1:.1f} tok/s ({r1 / r0:.2f}x), accepted {acc.group(1)}/{acc.group(2)} ({acc.group(3)}%), "
-      f"{int(acc.group(1)) / max(int(acc.group(4)), 1) + 1:.2f} tokens per verify")
-sys.exit(0)
-PY
+  python3 scripts/gpu/spec_compare.py $W $batch "real model" || fails=1
 done
 echo "== batch 1 answer (spec):"; head -c 700 $W/spec-1.out
 exit $fails
