@@ -14,29 +14,14 @@ identical numerics); the second runs with --no-prefix-cache.
 """
 import asyncio, json, random, sys, time
 import httpx
+from kern_checks import check, fails, metrics
 
 cached, uncached, out_path = sys.argv[1:4]
 rng = random.Random(7)
 SYSTEM = [rng.randrange(151643) for _ in range(2000)]
 QUESTIONS = [[rng.randrange(151643) for _ in range(50)] for _ in range(64)]
 NEW = 32
-fails = []
 
-
-def check(name, ok, detail=""):
-    print(("PASS " if ok else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
-    if not ok:
-        fails.append(name)
-
-
-def metrics(base):
-    m = httpx.get(base + "/metrics").text
-    out = {}
-    for l in m.splitlines():
-        if l.startswith("kern:") and " " in l and "{" not in l:
-            k, v = l.rsplit(" ", 1)
-            out[k] = float(v)
-    return out
 
 
 async def one(cl, base, prompt):

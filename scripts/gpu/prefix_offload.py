@@ -12,6 +12,7 @@ greedy outputs equal the uncached server's.
 """
 import json, random, sys, time
 import httpx
+from kern_checks import check, fails, metrics
 import torch
 
 off, unc, out_path = sys.argv[1:4]
@@ -19,22 +20,7 @@ rng = random.Random(11)
 DOCS = [[rng.randrange(151643) for _ in range(2000)] for _ in range(16)]
 Q1 = [[rng.randrange(151643) for _ in range(20)] for _ in range(16)]
 Q2 = [[rng.randrange(151643) for _ in range(20)] for _ in range(16)]
-fails = []
 
-
-def check(name, ok, detail=""):
-    print(("PASS " if ok else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
-    if not ok:
-        fails.append(name)
-
-
-def metrics(base):
-    out = {}
-    for l in httpx.get(base + "/metrics").text.splitlines():
-        if l.startswith("kern:") and "{" not in l:
-            k, v = l.rsplit(" ", 1)
-            out[k] = float(v)
-    return out
 
 
 def ask(base, prompt):

@@ -14,19 +14,13 @@ Writes the numbers to OUT_JSON and prints a short table.
 import asyncio, json, random, sys, time
 
 import httpx
+from kern_checks import check, fails, metrics
 import openai
 from tokenizers import Tokenizer
 
 base, model, gen_json, tok_dir, out_path = sys.argv[1:6]
 tok = Tokenizer.from_file(f"{tok_dir}/tokenizer.json")
 res = {"model": model}
-fails = []
-
-
-def check(name, ok, detail=""):
-    print(("PASS " if ok else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
-    if not ok:
-        fails.append(name)
 
 
 client = openai.OpenAI(base_url=base + "/v1", api_key="unused")
@@ -142,8 +136,8 @@ res.update({
 
 # 4. Nothing left behind.
 time.sleep(0.5)
-m = httpx.get(base + "/metrics").text
-val = lambda name: float(next(l.split()[-1] for l in m.splitlines() if l.startswith(name + " ")))
+m = metrics(base)
+val = lambda name: m[name]
 check("after load: KV pages in use == 0", val("kern:kv_cache_used_pages") == 0 and val("kern:num_requests_running") == 0)
 res["preemptions"] = val("kern:num_preemptions_total")
 res["fails"] = fails
