@@ -258,7 +258,7 @@ impl<'o> Session<'o> {
         let mut pages: usize = PROMPTS.iter().map(|&l| (l.min(max_context.saturating_sub(opts.decode_steps + 2)).max(1) + opts.decode_steps + 2).div_ceil(page_tokens)).sum();
         pages = pages.max(chunk.min(max_context).div_ceil(page_tokens)) + 2;
         let plan_for = |m: &Manifest| -> Result<MemoryPlan, Incomparable> {
-            let bare = plan::plan(m, &PlanOptions { budget: None, reserve: 0 }).map_err(|e| Incomparable(format!("{}: {e}", m.file.display())))?;
+            let bare = plan::plan(m, &PlanOptions { budget: None, reserve: 0, max_pages: None }).map_err(|e| Incomparable(format!("{}: {e}", m.file.display())))?;
             let group: u64 = m
                 .states
                 .iter()
@@ -269,7 +269,7 @@ impl<'o> Session<'o> {
                 .sum();
             let per_seq: u64 = bare.states.iter().map(|p| p.bytes()).sum();
             let budget = bare.arena_bytes + per_seq + group * pages as u64;
-            plan::plan(m, &PlanOptions { budget: Some(budget), reserve: 0 }).map_err(|e| Incomparable(format!("{}: {e}", m.file.display())))
+            plan::plan(m, &PlanOptions { budget: Some(budget), reserve: 0, max_pages: None }).map_err(|e| Incomparable(format!("{}: {e}", m.file.display())))
         };
         let (pa, pb) = (plan_for(&ma)?, plan_for(&mb)?);
         let (free, _) = ctx.mem_info().map_err(|e| Incomparable(e.to_string()))?;

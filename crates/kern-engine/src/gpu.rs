@@ -177,30 +177,12 @@ impl GpuModel {
             Some(GpuMem::Bytes(b)) => b.min(free as u64),
             Some(GpuMem::Fraction(f)) => ((total as f64 * f) as u64).min(free as u64),
         };
-        let plan_at = |budget: u64| {
-            plan::plan(&m, &plan::PlanOptions { budget: Some(budget), reserve: (1u64 << 30).min(budget / 8) })
-                .map_err(|e| err(format!("{e} ({} has {} free of {})", props.name, human(free as u64), human(total as u64))))
-        };
-        let mut p = plan_at(budget)?;
-        // More pages than every sequence could ever hold, several times over, only cost host
-        // bookkeeping (and GPU memory): a model with a tiny per-token state would otherwise get
-        // billions of pages.
+        // More pages than every sequence could ever hold, several times over, would only cost
+        // host bookkeeping and GPU memory (a tiny per-token state would get billions of pages).
         let seqs_max = m.step.as_ref().map_or(1, |s| m.vars[s.seqs.0].max as u64);
         let pages_max = m.step.as_ref().map_or(1, |s| m.vars[s.pages.0].max as u64);
-        let cap = (seqs_max * pages_max * 4).max(1 << 16);
-        let page_bytes: u64 = p.states.iter().map(|s| match s {
-            StatePool::PerToken { bytes_per_token, page_tokens, .. } => bytes_per_token * u64::from(*page_tokens),
-            _ => 0,
-        }).sum();
-        let pages_now = p.states.iter().find_map(|s| match s {
-            StatePool::PerToken { pages, .. } => Some(*pages),
-            _ => None,
-        });
-        let mut budget = budget;
-        if let Some(n) = pages_now.filter(|&n| n > cap) {
-            budget = budget.saturating_sub((n - cap) * page_bytes);
-            p = plan_at(budget)?;
-        }
+        let popts = plan::PlanOptions { budget: Some(budget), reserve: (1u64 << 30).min(budget / 8), max_pages: Some((seqs_max * pages_max * 4).max(1 << 16)) };
+        let p = plan::plan(&m, &popts).map_err(|e| err(format!("{e} ({} has {} free of {})", props.name, human(free as u64), human(total as u64))))?;
         let (pages, page_tokens) = p
             .states
             .iter()
@@ -235,7 +217,7 @@ impl GpuModel {
                 let c = kern_cuda::Context::new(d).map_err(err)?;
                 let mr = kern_manifest::load(&manifest_path, &kern_manifest::CheckOptions { arch, ..Default::default() })
                     .map_err(|d| err(format!("{d}{} error(s)", d.error_count())))?;
-                let pr = plan::plan(&mr, &plan::PlanOptions { budget: Some(budget), reserve: (1u64 << 30).min(budget / 8) }).map_err(|e| err(format!("GPU {d}: {e}")))?;
+                let pr = plan::plan(&mr, &popts).map_err(|e| err(format!("GPU {d}: {e}")))?;
                 setups.push(kern_runtime::RankSetup { ctx: c, manifest: mr, plan: pr });
             }
             let id = kern_cuda::nccl::UniqueId::new().map_err(err)?;

@@ -28,11 +28,14 @@ pub struct PlanOptions {
     pub budget: Option<u64>,
     /// Bytes kept back for the CUDA context, graphs and scratch.
     pub reserve: u64,
+    /// Most pages per per-token state pool (None: as many as the budget holds). A model with a
+    /// tiny per-token state would otherwise get billions of pages no sequence can use.
+    pub max_pages: Option<u64>,
 }
 
 impl Default for PlanOptions {
     fn default() -> Self {
-        PlanOptions { budget: None, reserve: 1 << 30 }
+        PlanOptions { budget: None, reserve: 1 << 30, max_pages: None }
     }
 }
 
@@ -161,7 +164,7 @@ pub fn plan(m: &Manifest, opts: &PlanOptions) -> Result<MemoryPlan> {
             if group == 0 {
                 0
             } else {
-                remaining / group
+                (remaining / group).min(opts.max_pages.unwrap_or(u64::MAX))
             }
         }
     };

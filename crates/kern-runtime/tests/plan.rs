@@ -43,7 +43,7 @@ fn arena_layout_and_aliases() {
 fn budget_split_between_states() {
     let m = manifest(M);
     let budget = 10 << 20;
-    let p = plan(&m, &PlanOptions { budget: Some(budget), reserve: 1 << 20 }).unwrap();
+    let p = plan(&m, &PlanOptions { budget: Some(budget), reserve: 1 << 20, max_pages: None }).unwrap();
     // Per-seq first: 8 slots of 4096 bytes.
     assert_eq!(p.states[2], StatePool::PerSeq { bytes_per_seq: 4096, slots: 8, pool_bytes: 8 * 4096 });
     let remaining = budget - p.arena_bytes - (1 << 20) - 8 * 4096;
@@ -52,18 +52,23 @@ fn budget_split_between_states() {
     assert!(matches!(p.states[1], StatePool::PerToken { pages: q, .. } if q == pages), "per-token states share pages");
     assert_eq!(p.token_capacity, Some(pages * 16));
     assert!(p.total_bytes() <= budget);
+    // A page cap below what the budget holds: every per-token pool stops there.
+    let capped = plan(&m, &PlanOptions { budget: Some(budget), reserve: 1 << 20, max_pages: Some(7) }).unwrap();
+    assert!(matches!(capped.states[0], StatePool::PerToken { pages: 7, pool_bytes, .. } if pool_bytes == 7 * 16 * 1000));
+    assert!(matches!(capped.states[1], StatePool::PerToken { pages: 7, .. }));
+    assert_eq!(capped.token_capacity, Some(7 * 16));
 }
 
 #[test]
 fn too_small_budget_says_what_is_needed() {
     let m = manifest(M);
-    let e = plan(&m, &PlanOptions { budget: Some(1000), reserve: 0 }).unwrap_err().to_string();
+    let e = plan(&m, &PlanOptions { budget: Some(1000), reserve: 0, max_pages: None }).unwrap_err().to_string();
     assert!(e.contains("needs") && e.contains("budget is 1000 B"), "{e}");
 }
 
 #[test]
 fn per_token_states_must_share_page_size() {
     let m = manifest(&M.replace(r#""draft": {"bytes_per_token": 24, "page_tokens": 16}"#, r#""draft": {"bytes_per_token": 24, "page_tokens": 32}"#));
-    let e = plan(&m, &PlanOptions { budget: Some(1 << 30), reserve: 0 }).unwrap_err().to_string();
+    let e = plan(&m, &PlanOptions { budget: Some(1 << 30), reserve: 0, max_pages: None }).unwrap_err().to_string();
     assert!(e.contains("states.") && e.contains("page_tokens"), "{e}");
 }

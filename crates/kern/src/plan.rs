@@ -25,7 +25,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let m = crate::check::load(&args.manifest, args.arch)?;
-    let p = plan::plan(&m, &plan::PlanOptions { budget: Some(args.gpu_mem), reserve: args.reserve })?;
+    let p = plan::plan(&m, &plan::PlanOptions { budget: Some(args.gpu_mem), reserve: args.reserve, max_pages: None })?;
     println!("{}: model `{}`, planned at every var's max ({})", args.manifest.display(), m.model, vars_text(&m));
     println!("\n  {:<40} {:<6} {:<10} {:<22} {:>14} {:>12}", "buffer", "dtype", "role", "shape", "offset", "bytes");
     for (b, slot) in m.buffers.iter().zip(&p.buffers) {

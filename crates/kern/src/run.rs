@@ -87,7 +87,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         anyhow!("{}: no program `{}` (it has: {})", args.manifest.display(), args.program, m.programs.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "))
     })?;
     let (free, _) = ctx.mem_info()?;
-    let p = plan::plan(&m, &plan::PlanOptions { budget: Some(free as u64), reserve: plan::PlanOptions::default().reserve.min(free as u64 / 4) })?;
+    let p = plan::plan(&m, &plan::PlanOptions { budget: Some(free as u64), reserve: plan::PlanOptions::default().reserve.min(free as u64 / 4), max_pages: None })?;
     let mut rt = Runtime::new(&ctx, m, p)?;
     if let Some(w) = &args.weights {
         let ckpt = kern_weights::Checkpoint::open(w)?;
@@ -174,7 +174,7 @@ fn run_parallel(args: Args, text: &[u8]) -> Result<ExitCode> {
             None => crate::check::load(&args.manifest, arch)?,
         };
         let (free, _) = ctx.mem_info()?;
-        let plan = plan::plan(&m, &plan::PlanOptions { budget: Some(free as u64), reserve: plan::PlanOptions::default().reserve.min(free as u64 / 4) })?;
+        let plan = plan::plan(&m, &plan::PlanOptions { budget: Some(free as u64), reserve: plan::PlanOptions::default().reserve.min(free as u64 / 4), max_pages: None })?;
         setups.push(RankSetup { ctx, manifest: m, plan });
     }
     let master = kern_cuda::bootstrap::master_addr(&args.master_addr)?;

@@ -104,7 +104,7 @@ impl Suite {
 
     fn runtime(&self, manifest: &Path) -> Result<Runtime> {
         let m = crate::check::load(manifest, self.arch)?;
-        let p = plan::plan(&m, &plan::PlanOptions { budget: None, reserve: 0 })?;
+        let p = plan::plan(&m, &plan::PlanOptions { budget: None, reserve: 0, max_pages: None })?;
         Ok(Runtime::new(&self.ctx, m, p)?)
     }
 
