@@ -161,11 +161,8 @@ pub fn plan(m: &Manifest, opts: &PlanOptions) -> Result<MemoryPlan> {
             }
             let remaining = budget - need;
             let group: u64 = per_token.iter().map(|(b, pt)| b * u64::from(*pt)).sum();
-            if group == 0 {
-                0
-            } else {
-                (remaining / group).min(opts.max_pages.unwrap_or(u64::MAX))
-            }
+            // No per-token state: no pages.
+            remaining.checked_div(group).unwrap_or(0).min(opts.max_pages.unwrap_or(u64::MAX))
         }
     };
     for s in &m.states {
