@@ -215,7 +215,8 @@ fn added_token(v: &Value) -> Option<AddedToken> {
     )
 }
 
-fn kind(v: &Value) -> &'static str {
+/// How a JSON value reads in an error message ("a string", "an array").
+pub(crate) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

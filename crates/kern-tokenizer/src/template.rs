@@ -33,6 +33,7 @@
 //!   parsed into the object it holds, which is what templates (and transformers' docs) expect;
 //!   a string that is not a JSON object is passed as given.
 
+use crate::config::kind;
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::Map;
@@ -674,17 +675,6 @@ fn python_float(f: f64) -> String {
     } else {
         let sign = if exp < 0 { '-' } else { '+' };
         format!("{mantissa}e{sign}{:02}", exp.abs())
-    }
-}
-
-fn kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
     }
 }
 
