@@ -16,5 +16,5 @@ mod scheduler;
 mod step;
 
 pub use blocks::{page_hash, BlockManager, CacheStats, PageError, PageHash};
-pub use scheduler::{AddError, Finish, Limits, SpecConfig, SpecStats, SamplingParams, Scheduler, SchedulerConfig, SeqId, SeqOutput};
+pub use scheduler::{AddError, Drafter, Finish, Limits, SpecConfig, SpecStats, SamplingParams, Scheduler, SchedulerConfig, SeqId, SeqOutput};
 pub use step::{Step, StepSeq};

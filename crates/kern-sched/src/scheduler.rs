@@ -60,13 +60,44 @@ impl Default for SamplingParams {
 /// speculative rejection rule (accept draft d with probability p(d), else emit a sample of p
 /// without d), and since every row samples from the stream (seed, position), the output is
 /// token-for-token what decoding without drafts gives — greedy or sampled.
+///
+/// With [`Drafter::Program`] the drafts come from a draft program instead (a small model, or
+/// the first layers of the target, with its own per-token state such as `draft_kv`): the engine
+/// runs the draft steps that [`Scheduler::draft_begin`] and [`Scheduler::draft_advance`] build
+/// (greedy, so drafts are again deterministic and the same rule is exact), then `schedule`
+/// verifies what they proposed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpecConfig {
     /// Most draft tokens per sequence and step.
     pub k: usize,
-    /// Shortest and longest n-gram looked up.
+    /// Shortest and longest n-gram looked up (n-gram drafts).
     pub min_n: usize,
     pub max_n: usize,
+    /// Where drafts come from.
+    pub drafter: Drafter,
+}
+
+impl SpecConfig {
+    /// Prompt-lookup drafts of up to `k` tokens, matching 2- to 4-grams.
+    pub fn ngram(k: usize) -> SpecConfig {
+        SpecConfig { k, min_n: 2, max_n: 4, drafter: Drafter::Ngram }
+    }
+
+    /// Drafts of up to `k` tokens from the manifest's draft program.
+    pub fn program(k: usize) -> SpecConfig {
+        SpecConfig { k, min_n: 0, max_n: 0, drafter: Drafter::Program }
+    }
+}
+
+/// The source of draft tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Drafter {
+    /// Prompt lookup ([`crate::ngram`]): no model.
+    #[default]
+    Ngram,
+    /// A draft program run by the engine through [`Scheduler::draft_begin`] /
+    /// [`Scheduler::draft_advance`].
+    Program,
 }
 
 /// Counters of speculative decoding.
@@ -78,6 +109,8 @@ pub struct SpecStats {
     pub draft_tokens: u64,
     /// Draft tokens accepted.
     pub accepted_tokens: u64,
+    /// Steps of the draft program run (draft-program drafting only).
+    pub draft_steps: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -177,6 +210,13 @@ struct Seq {
     /// The sequence's slot in the per-sequence state pools while it runs.
     slot: Option<u32>,
     params: SamplingParams,
+    /// Tokens whose draft-program state (e.g. `draft_kv`) is written, at the right positions
+    /// and with the right tokens (draft-program drafting only). Between a draft round and its
+    /// verify step it can be one more than `computed` (the draft has read the last token).
+    draft_computed: usize,
+    /// Drafts the draft program proposed for the sequence at `tokens.len() == proposed_at`.
+    proposed: Vec<u32>,
+    proposed_at: usize,
 }
 
 impl Seq {
@@ -198,13 +238,39 @@ pub struct Scheduler {
     /// Drafts of the step last scheduled, by sequence.
     pending_drafts: std::collections::HashMap<SeqId, Vec<u32>>,
     spec_stats: SpecStats,
+    /// The draft round in progress (between `draft_begin` and the last `draft_advance`).
+    round: Vec<RoundSeq>,
 }
+
+/// One sequence of a draft round.
+#[derive(Clone, Debug)]
+struct RoundSeq {
+    id: SeqId,
+    /// Position of the sequence's last token (its `computed` when the round began).
+    last: usize,
+    /// Drafts wanted.
+    room: usize,
+    /// Rows of this sequence in the draft step being run.
+    rows: usize,
+    /// First position of the draft-state catch-up in the first step.
+    start: usize,
+    /// Tokens of draft-state catch-up in the first step (positions `start..`).
+    catch_up: usize,
+    /// Whether the catch-up is partial (the draft-step budget ran out): no drafts this round.
+    partial: bool,
+    /// Dropped from the round (aborted while it ran).
+    gone: bool,
+}
+
+/// Catch-ups of at most this many tokens run as one-token rows (decode-shaped, so the draft
+/// step replays a CUDA graph); longer ones (after a prompt) as one varlen row.
+const CATCH_UP_ROWS: usize = 4;
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, blocks: BlockManager) -> Self {
         assert!(cfg.chunk > 0 && cfg.max_seqs > 0, "step budgets must be positive");
         let free_slots = (0..cfg.max_seqs as u32).rev().collect();
-        Scheduler { cfg, blocks, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, preemptions: 0, free_slots, pending_drafts: Default::default(), spec_stats: SpecStats::default() }
+        Scheduler { cfg, blocks, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, preemptions: 0, free_slots, pending_drafts: Default::default(), spec_stats: SpecStats::default(), round: Vec::new() }
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -226,7 +292,7 @@ impl Scheduler {
         self.limits().check(prompt.len(), params.max_tokens)?;
         let id = self.next_id;
         self.next_id += 1;
-        self.waiting.push_back(Seq { id, tokens: prompt, computed: 0, generated: 0, pages: Vec::new(), chain: Vec::new(), slot: None, params });
+        self.waiting.push_back(Seq { id, tokens: prompt, computed: 0, generated: 0, pages: Vec::new(), chain: Vec::new(), slot: None, params, draft_computed: 0, proposed: Vec::new(), proposed_at: 0 });
         Ok(id)
     }
 
@@ -292,6 +358,8 @@ impl Scheduler {
         self.free_slots.extend(s.slot.take());
         s.chain.clear();
         s.computed = 0;
+        s.draft_computed = 0;
+        s.proposed.clear();
         self.preemptions += 1;
         let id = s.id;
         self.waiting.push_front(s);
@@ -331,7 +399,11 @@ impl Scheduler {
                         .min(self.cfg.max_seqs - rows_used - 1)
                         .min(s.params.max_tokens.saturating_sub(s.generated + 1))
                         .min(max_context.saturating_sub(s.tokens.len() + 1));
-                    draft = crate::ngram::propose(&s.tokens, room, sp.min_n, sp.max_n);
+                    draft = match sp.drafter {
+                        Drafter::Ngram => crate::ngram::propose(&s.tokens, room, sp.min_n, sp.max_n),
+                        Drafter::Program if s.proposed_at == s.tokens.len() => s.proposed.iter().copied().take(room).collect(),
+                        Drafter::Program => Vec::new(),
+                    };
                 }
                 if self.blocks.ensure(&mut s.pages, s.computed + n + draft.len()).is_ok() {
                     picked.push((id, n));
@@ -364,12 +436,15 @@ impl Scheduler {
             front.pages = hit;
             front.chain = front.pages.iter().copied().zip(hashes).collect();
             front.computed = cached;
+            // Cached pages hold every per-token state, the draft program's included.
+            front.draft_computed = cached;
             let n = front.left().min(budget);
             if self.blocks.ensure(&mut front.pages, cached + n).is_err() {
                 // Give the hits back; try again after pages are freed.
                 self.blocks.release(&mut front.pages);
                 front.chain.clear();
                 front.computed = 0;
+                front.draft_computed = 0;
                 break;
             }
             self.blocks.record(front.tokens.len(), cached);
@@ -421,6 +496,7 @@ impl Scheduler {
         let mut out = Vec::new();
         let blocks_pt = self.blocks.page_tokens();
         let max_context = self.max_context();
+        let program = self.drafts_from_program();
         let drafts = std::mem::take(&mut self.pending_drafts);
         let mut row = 0;
         while row < step.seqs.len() {
@@ -450,9 +526,10 @@ impl Scheduler {
             };
             if emit.is_empty() {
                 // A partial prefill: register the pages it filled.
-                register_full_pages(&mut self.blocks, s, blocks_pt);
+                register_full_pages(&mut self.blocks, s, blocks_pt, program);
                 continue;
             }
+            let emitted_before = s.generated;
             for (k, &(r, next_draft)) in emit.iter().enumerate() {
                 let token = sampled.get(r).copied().unwrap_or(0).max(0) as u32;
                 s.computed += 1;
@@ -474,7 +551,17 @@ impl Scheduler {
                     break;
                 }
             }
-            register_full_pages(&mut self.blocks, s, blocks_pt);
+            if let (true, Some(_)) = (program, draft) {
+                // The draft program wrote its state for positions `last + 1 ..` with the drafts it
+                // read (all but its last proposal); those accepted are now the sequence's tokens.
+                let emitted = s.generated - emitted_before;
+                if s.draft_computed == ss.start + 1 && emitted > 0 {
+                    let read = s.proposed.len().saturating_sub(1);
+                    s.draft_computed += (emitted - 1).min(read);
+                }
+                s.proposed.clear();
+            }
+            register_full_pages(&mut self.blocks, s, blocks_pt, program);
             if draft.is_some() {
                 // Pages taken for rejected drafts go back.
                 let keep = self.blocks.pages_for(s.tokens.len());
@@ -514,6 +601,13 @@ impl Scheduler {
         for s in &self.waiting {
             assert!(s.pages.is_empty() && s.computed == 0 && s.slot.is_none(), "queued sequence {} holds pages or a slot", s.id);
         }
+        if self.drafts_from_program() {
+            for s in &self.running {
+                assert!(s.draft_computed <= (s.computed + 1).min(s.tokens.len()), "sequence {}: draft state of {} tokens, {} computed", s.id, s.draft_computed, s.computed);
+                let registered = s.chain.len() * self.blocks.page_tokens();
+                assert!(registered <= s.draft_computed, "sequence {}: {registered} tokens of pages cached, draft state of only {}", s.id, s.draft_computed);
+            }
+        }
         let mut slots: Vec<u32> = self.running.iter().map(|s| s.slot.expect("a running sequence has a slot")).chain(self.free_slots.iter().copied()).collect();
         slots.sort_unstable();
         assert_eq!(slots, (0..self.cfg.max_seqs as u32).collect::<Vec<_>>(), "every slot is free or held by exactly one running sequence");
@@ -532,6 +626,147 @@ impl Scheduler {
     /// Pages holding a cached prefix (in use or free).
     pub fn cached_pages(&self) -> usize {
         self.blocks.cached_pages()
+    }
+
+    fn drafts_from_program(&self) -> bool {
+        self.cfg.spec.as_ref().is_some_and(|sp| sp.drafter == Drafter::Program)
+    }
+
+    /// The first step of a draft round (draft-program drafting), or None when no sequence drafts
+    /// now. Every decoding sequence that may get drafts first catches its draft state up to its
+    /// last token (usually that token alone, or two after a round whose drafts were all
+    /// accepted; a whole prompt after prefill — in varlen rows within the token budget), and the
+    /// row of its last token proposes the first draft. Pages for the drafts and their
+    /// verification are taken now; the verify step leaves rows and tokens for them. Rows are
+    /// greedy (drafts must be deterministic for the acceptance rule to be exact).
+    pub fn draft_begin(&mut self, pad: impl Fn(usize, usize, bool) -> (usize, usize)) -> Option<Step> {
+        let k = self.cfg.spec.as_ref().filter(|sp| sp.drafter == Drafter::Program)?.k;
+        self.round.clear();
+        let max_context = self.max_context();
+        // The verify step's budgets (one row per position) and the draft step's own.
+        let (mut rows_left, mut budget) = (self.cfg.max_seqs, self.cfg.chunk);
+        let (mut d_rows, mut d_tokens) = (self.cfg.max_seqs, self.cfg.chunk);
+        for s in self.running.iter_mut() {
+            s.proposed.clear();
+            if s.left() != 1 {
+                continue;
+            }
+            if rows_left < 2 || budget < 2 || d_rows == 0 || d_tokens == 0 {
+                break;
+            }
+            let room = k
+                .min(rows_left - 1)
+                .min(budget - 1)
+                .min(s.params.max_tokens.saturating_sub(s.generated + 1))
+                .min(max_context.saturating_sub(s.tokens.len() + 1));
+            if room == 0 {
+                continue;
+            }
+            // At least the last token: its row proposes the first draft (when a round's drafts
+            // went unverified, it is read again — the same token at the same position).
+            let start = s.draft_computed.min(s.tokens.len() - 1);
+            let catch_up = s.tokens.len() - start;
+            let (rows, n, partial) = if catch_up <= CATCH_UP_ROWS.min(d_rows).min(d_tokens) {
+                (catch_up, catch_up, false)
+            } else {
+                let n = catch_up.min(d_tokens);
+                (1, n, n < catch_up)
+            };
+            // Pages through the last verified position (`tokens.len() - 1 + room`).
+            if self.blocks.ensure(&mut s.pages, s.tokens.len() + room).is_err() {
+                continue;
+            }
+            d_rows -= rows;
+            d_tokens -= n;
+            if !partial {
+                rows_left -= 1 + room;
+                budget -= 1 + room;
+            }
+            self.round.push(RoundSeq { id: s.id, last: s.tokens.len() - 1, room, rows, start, catch_up: n, partial, gone: false });
+        }
+        if self.round.is_empty() {
+            return None;
+        }
+        let mut views = Vec::new();
+        for r in &self.round {
+            let s = self.running.iter().find(|s| s.id == r.id).expect("round sequences run");
+            let start = r.start;
+            if r.rows == r.catch_up {
+                views.extend((start..start + r.catch_up).map(|p| draft_view(s, &s.tokens, p, 1, p == r.last)));
+            } else {
+                views.push(draft_view(s, &s.tokens, start, r.catch_up, !r.partial));
+            }
+        }
+        Some(self.build_draft_step(&views, pad))
+    }
+
+    /// Takes a draft step's sampled ids (one per row) and returns the next draft step, or None
+    /// when the round is over (the drafts then wait for [`Scheduler::schedule`] to verify them).
+    pub fn draft_advance(&mut self, step: &Step, sampled: &[i32], pad: impl Fn(usize, usize, bool) -> (usize, usize)) -> Option<Step> {
+        self.spec_stats.draft_steps += 1;
+        let pt = self.blocks.page_tokens();
+        let mut row = 0;
+        for r in self.round.iter_mut() {
+            let rows = r.rows;
+            let sample_row = row + rows - 1;
+            row += rows;
+            if r.gone {
+                continue;
+            }
+            let Some(s) = self.running.iter_mut().find(|s| s.id == r.id) else {
+                r.gone = true; // aborted since
+                continue;
+            };
+            if s.tokens.len() != r.last + 1 {
+                r.gone = true;
+                continue;
+            }
+            if s.proposed.is_empty() {
+                // The first step: the catch-up is written.
+                s.draft_computed = r.start + r.catch_up;
+                register_full_pages(&mut self.blocks, s, pt, true);
+                if r.partial {
+                    r.gone = true;
+                    continue;
+                }
+            }
+            s.proposed.push(sampled.get(sample_row).copied().unwrap_or(0).max(0) as u32);
+            s.proposed_at = s.tokens.len();
+            if s.proposed.len() >= r.room {
+                r.gone = true;
+            }
+        }
+        debug_assert_eq!(row, step.real_seqs, "one sampled id per draft row");
+        self.round.retain(|r| !r.gone);
+        if self.round.is_empty() {
+            return None;
+        }
+        // Each sequence reads its newest draft at the position after the previous one.
+        let ext: Vec<(usize, Vec<u32>)> = self
+            .round
+            .iter_mut()
+            .map(|r| {
+                r.rows = 1;
+                let i = self.running.iter().position(|s| s.id == r.id).expect("round sequences run");
+                let s = &self.running[i];
+                (i, s.tokens.iter().chain(&s.proposed).copied().collect())
+            })
+            .collect();
+        let views: Vec<SeqView> = ext
+            .iter()
+            .map(|(i, t)| {
+                let s = &self.running[*i];
+                draft_view(s, t, s.tokens.len() - 1 + s.proposed.len(), 1, true)
+            })
+            .collect();
+        Some(self.build_draft_step(&views, pad))
+    }
+
+    fn build_draft_step(&self, views: &[SeqView], pad: impl Fn(usize, usize, bool) -> (usize, usize)) -> Step {
+        let real_tokens = views.iter().map(|v| v.n).sum();
+        let decode = views.iter().all(|v| v.n == 1);
+        let (tp, sp) = pad(real_tokens, views.len(), decode);
+        Step::build(views, tp, sp, self.cfg.pages_per_seq, self.blocks.page_tokens())
     }
 
     /// Speculative decoding counters.
@@ -562,9 +797,17 @@ fn seq_view<'a>(s: &'a Seq, tokens: &'a [u32], start: usize, n: usize, samples: 
     }
 }
 
-/// Caches the pages a sequence has filled completely (computed tokens) and not cached yet.
-fn register_full_pages(blocks: &mut BlockManager, s: &mut Seq, pt: usize) {
-    while s.chain.len() < s.computed / pt {
+/// A draft-program row: like [`seq_view`], but greedy.
+fn draft_view<'a>(s: &'a Seq, tokens: &'a [u32], start: usize, n: usize, samples: bool) -> SeqView<'a> {
+    SeqView { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, ..seq_view(s, tokens, start, n, samples) }
+}
+
+/// Caches the pages a sequence has filled completely (computed tokens — and with a draft
+/// program, tokens whose draft state is written too: a cached page holds every per-token state)
+/// and not cached yet.
+fn register_full_pages(blocks: &mut BlockManager, s: &mut Seq, pt: usize, draft_program: bool) {
+    let done = if draft_program { s.computed.min(s.draft_computed) } else { s.computed };
+    while s.chain.len() < done / pt {
         let i = s.chain.len();
         let parent = i.checked_sub(1).map(|j| s.chain[j]);
         let c = blocks.register(s.pages[i], parent, &s.tokens[i * pt..(i + 1) * pt]);
@@ -698,47 +941,85 @@ mod tests {
     /// The model side of a step, as the engine runs it: host-tier restores copied in, every row's
     /// next token computed by `rule` from its context read back through its block table (as the
     /// kernels read KV), the step committed, host-tier stores copied out.
+    type Store = Vec<Option<(u32, u32)>>;
+
     struct Fake {
-        kv: Vec<Option<(u32, u32)>>,
-        host: Vec<Option<(u32, u32)>>,
+        kv: Store,
+        host: Store,
         pt: usize,
         rule: fn(&[u32]) -> u32,
+        /// A draft program: its rule and its own per-token state (`draft_kv`), paged like `kv`
+        /// (host tier included).
+        draft: Option<(fn(&[u32]) -> u32, Store, Store)>,
+    }
+
+    /// Writes a step's new tokens into `kv` and computes every row's next token with `rule` from
+    /// its context read back through its block table; a slot never written or holding another
+    /// position panics.
+    fn run_rows(kv: &mut Store, pt: usize, st: &Step, rule: fn(&[u32]) -> u32, what: &str) -> Vec<i32> {
+        for (t, &slot) in st.slot_mapping.iter().enumerate().take(st.real_tokens) {
+            kv[slot as usize] = Some((st.token_ids[t] as u32, st.positions[t] as u32));
+        }
+        (0..st.real_seqs)
+            .map(|r| {
+                let ctx: Vec<u32> = (0..st.seq_lens[r] as usize)
+                    .map(|p| {
+                        let page = st.block_tables[r * st.pages + p / pt];
+                        let (tok, pos) = kv[page as usize * pt + p % pt].unwrap_or_else(|| panic!("{what} slot of position {p} never written"));
+                        assert_eq!(pos as usize, p, "{what} slot holds another position");
+                        tok
+                    })
+                    .collect();
+                rule(&ctx) as i32
+            })
+            .collect()
+    }
+
+    fn copy_pages(from: &Store, to: &mut Store, pairs: &[(u32, u32)], pt: usize) {
+        for &(a, b) in pairs {
+            for k in 0..pt {
+                to[b as usize * pt + k] = from[a as usize * pt + k];
+            }
+        }
     }
 
     impl Fake {
         fn new(s: &Scheduler, host_slots: usize, rule: fn(&[u32]) -> u32) -> Fake {
             let pt = s.page_tokens();
-            Fake { kv: vec![None; s.total_pages() * pt], host: vec![None; host_slots * pt], pt, rule }
+            Fake { kv: vec![None; s.total_pages() * pt], host: vec![None; host_slots * pt], pt, rule, draft: None }
+        }
+
+        fn with_draft(mut self, rule: fn(&[u32]) -> u32) -> Fake {
+            self.draft = Some((rule, vec![None; self.kv.len()], vec![None; self.host.len()]));
+            self
+        }
+
+        /// A draft round, when the scheduler drafts with a program: its steps run on the draft
+        /// state (greedy rows, as the step says).
+        fn draft_round(&mut self, s: &mut Scheduler) {
+            let Some((rule, dkv, _)) = self.draft.as_mut() else { return };
+            let mut next = s.draft_begin(no_pad);
+            while let Some(st) = next {
+                assert!(st.temperature.iter().all(|&t| t == 0.0), "draft rows are greedy");
+                assert!(st.real_tokens <= s.config().chunk && st.real_seqs <= s.config().max_seqs, "a draft step within the step budgets");
+                let sampled = run_rows(dkv, self.pt, &st, *rule, "draft KV");
+                next = s.draft_advance(&st, &sampled, no_pad);
+            }
         }
 
         fn step(&mut self, s: &mut Scheduler, st: &Step) -> Vec<SeqOutput> {
             let pt = self.pt;
-            for (slot, page) in s.take_restores() {
-                for k in 0..pt {
-                    self.kv[page as usize * pt + k] = self.host[slot as usize * pt + k];
-                }
+            let restores = s.take_restores();
+            copy_pages(&self.host, &mut self.kv, &restores, pt);
+            if let Some((_, dkv, dhost)) = self.draft.as_mut() {
+                copy_pages(dhost, dkv, &restores, pt);
             }
-            for (t, &slot) in st.slot_mapping.iter().enumerate().take(st.real_tokens) {
-                self.kv[slot as usize] = Some((st.token_ids[t] as u32, st.positions[t] as u32));
-            }
-            let sampled: Vec<i32> = (0..st.real_seqs)
-                .map(|r| {
-                    let ctx: Vec<u32> = (0..st.seq_lens[r] as usize)
-                        .map(|p| {
-                            let page = st.block_tables[r * st.pages + p / pt];
-                            let (tok, pos) = self.kv[page as usize * pt + p % pt].expect("KV slot never written");
-                            assert_eq!(pos as usize, p, "KV slot holds another position");
-                            tok
-                        })
-                        .collect();
-                    (self.rule)(&ctx) as i32
-                })
-                .collect();
+            let sampled = run_rows(&mut self.kv, pt, st, self.rule, "KV");
             let out = s.commit(st, &sampled);
-            for (page, slot) in s.take_stores() {
-                for k in 0..pt {
-                    self.host[slot as usize * pt + k] = self.kv[page as usize * pt + k];
-                }
+            let stores = s.take_stores();
+            copy_pages(&self.kv, &mut self.host, &stores, pt);
+            if let Some((_, dkv, dhost)) = self.draft.as_mut() {
+                copy_pages(dkv, dhost, &stores, pt);
             }
             out
         }
@@ -774,6 +1055,8 @@ mod tests {
             if !s.has_work() {
                 break;
             }
+            fake.draft_round(s);
+            s.check_invariants();
             let st = s.schedule(no_pad).expect("progress");
             proptest::prop_assert!(st.real_tokens <= chunk && st.real_seqs <= max_seqs);
             for o in fake.step(s, &st) {
@@ -802,6 +1085,7 @@ mod tests {
     fn run_all(s: &mut Scheduler, fake: &mut Fake) -> (std::collections::HashMap<SeqId, Vec<u32>>, usize, usize) {
         let (mut out, mut computed, mut steps) = (std::collections::HashMap::<SeqId, Vec<u32>>::new(), 0, 0);
         while s.has_work() {
+            fake.draft_round(s);
             let st = s.schedule(no_pad).expect("a lone sequence always fits");
             computed += st.real_tokens;
             for o in fake.step(s, &st) {
@@ -913,7 +1197,7 @@ mod tests {
 
     #[test]
     fn drafts_are_verified_in_one_step_and_accepted_while_they_match() {
-        let spec = SpecConfig { k: 4, min_n: 1, max_n: 3 };
+        let spec = SpecConfig { k: 4, min_n: 1, max_n: 3, drafter: Drafter::Ngram };
         let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 8, max_context: 256, pages_per_seq: 64, spec: Some(spec) }, BlockManager::new(64, 4));
         // The rule copies the token 5 back: a prompt of period 5 continues it forever.
         let copy5: fn(&[u32]) -> u32 = |ctx| ctx[ctx.len() - 5];
@@ -926,6 +1210,60 @@ mod tests {
         let st = s.spec_stats();
         assert_eq!(st.accepted_tokens, st.draft_tokens, "every draft of a perfectly periodic text is right: {st:?}");
         assert!(st.accepted_tokens >= 20, "{st:?}");
+    }
+
+    #[test]
+    fn a_draft_program_catches_up_then_proposes_and_the_target_verifies() {
+        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 8, max_context: 256, pages_per_seq: 64, spec: Some(SpecConfig::program(3)) }, BlockManager::new(64, 4));
+        let mut fake = Fake::new(&s, 0, next_token).with_draft(next_token);
+        let prompt: Vec<u32> = (0..10).collect();
+        let id = s.add(prompt.clone(), SamplingParams { max_tokens: 12, ..Default::default() }).unwrap();
+        assert!(s.draft_begin(no_pad).is_none(), "nothing decodes yet: no draft round");
+        let st = s.schedule(no_pad).unwrap();
+        fake.step(&mut s, &st);
+        // Round 1: the draft state catches up on the whole context in one varlen row (the prompt
+        // and the first generated token), whose last position proposes the first draft.
+        let st = s.draft_begin(no_pad).unwrap();
+        assert_eq!((st.real_seqs, st.real_tokens, st.positions[0], st.seq_lens[0]), (1, 11, 0, 11));
+        let sampled = run_rows(&mut fake.draft.as_mut().unwrap().1, 4, &st, next_token, "draft");
+        let st = s.draft_advance(&st, &sampled, no_pad).unwrap();
+        assert_eq!((st.real_tokens, st.positions[0], st.token_ids[0]), (1, 11, sampled[0]), "then one row per draft, at the next position");
+        let sampled = run_rows(&mut fake.draft.as_mut().unwrap().1, 4, &st, next_token, "draft");
+        let st = s.draft_advance(&st, &sampled, no_pad).unwrap();
+        let sampled = run_rows(&mut fake.draft.as_mut().unwrap().1, 4, &st, next_token, "draft");
+        assert!(s.draft_advance(&st, &sampled, no_pad).is_none(), "k = 3 drafts: the round is over");
+        // The verify step: the last token and the three drafts, one row each.
+        let st = s.schedule(no_pad).unwrap();
+        assert_eq!((st.real_seqs, st.positions[..4].to_vec()), (4, vec![10, 11, 12, 13]));
+        let out = fake.step(&mut s, &st);
+        assert_eq!(out.len(), 4, "a perfect draft: all three accepted plus the target's next token");
+        // Round 2: all drafts were accepted, so the draft never read its last draft: two
+        // one-token catch-up rows (decode-shaped), the second proposing.
+        let st = s.draft_begin(no_pad).unwrap();
+        assert_eq!((st.real_seqs, st.positions[..2].to_vec()), (2, vec![13, 14]));
+        s.draft_advance(&st, &run_rows(&mut fake.draft.as_mut().unwrap().1, 4, &st, next_token, "draft"), no_pad);
+        s.check_invariants();
+        let (rest, _, _) = run_all(&mut s, &mut fake);
+        let got: Vec<u32> = out.iter().map(|o| o.token).chain(rest.get(&id).cloned().unwrap_or_default()).collect();
+        assert_eq!(&got[..], &reference(next_token, &prompt, 12)[1..]);
+        let sp = s.spec_stats();
+        assert_eq!(sp.accepted_tokens, sp.draft_tokens, "the target as its own draft is always right: {sp:?}");
+        assert!(sp.draft_steps >= 4, "{sp:?}");
+        assert_eq!(s.free_pages(), 64);
+    }
+
+    #[test]
+    fn a_wrong_draft_changes_no_token() {
+        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 8, max_context: 256, pages_per_seq: 64, spec: Some(SpecConfig::program(4)) }, BlockManager::new(64, 4));
+        let mut fake = Fake::new(&s, 0, repeaty).with_draft(|ctx| ctx[ctx.len() - 5]);
+        let prompts: Vec<Vec<u32>> = (0..3).map(|i| (0..12).map(|t| (t * 3 + i) % 7).collect()).collect();
+        let ids: Vec<SeqId> = prompts.iter().map(|p| s.add(p.clone(), SamplingParams { max_tokens: 40, ..Default::default() }).unwrap()).collect();
+        let (got, _, _) = run_all(&mut s, &mut fake);
+        for (p, id) in prompts.iter().zip(&ids) {
+            assert_eq!(got[id], reference(repeaty, p, 40));
+        }
+        let sp = s.spec_stats();
+        assert!(sp.accepted_tokens > 0 && sp.accepted_tokens < sp.draft_tokens, "some drafts right, some wrong: {sp:?}");
     }
 
     proptest::proptest! {
@@ -978,11 +1316,42 @@ mod tests {
             max_seqs in 1usize..8,
             reqs in proptest::collection::vec((0u32..4, 1usize..16, 1usize..20, proptest::option::of(0usize..30)), 1..10),
         ) {
-            let spec = SpecConfig { k, min_n: 1, max_n: 3 };
+            let spec = SpecConfig { k, min_n: 1, max_n: 3, drafter: Drafter::Ngram };
             let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 64, pages_per_seq: 16, spec: Some(spec) }, BlockManager::new(pages, 4));
             let mut fake = Fake::new(&s, 0, repeaty);
             let reqs = reqs.into_iter().map(|(seed, plen, max_tokens, abort_at)| ((0..plen as u32).map(|t| (t * 7 + seed) % 5).collect(), max_tokens, abort_at)).collect();
             drive(&mut s, &mut fake, reqs)?;
+        }
+
+        /// A draft program (the target's own rule, or a wrong one) under preemption, shared
+        /// prefixes, a host tier and aborts: outputs stay exact, the draft state is always
+        /// written where the draft reads it (the fake panics otherwise — cached pages included),
+        /// and the target as its own draft is never rejected.
+        #[test]
+        fn draft_programs_change_no_token(
+            pages in 8usize..40,
+            host_slots in proptest::option::of(1usize..12),
+            k in 1usize..6,
+            chunk in 2usize..32,
+            max_seqs in 1usize..8,
+            self_draft in proptest::bool::ANY,
+            reqs in proptest::collection::vec((0usize..3, 0usize..9, 1usize..20, proptest::option::of(0usize..40)), 1..10),
+        ) {
+            let slots = host_slots.unwrap_or(0);
+            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 64, pages_per_seq: 16, spec: Some(SpecConfig::program(k)) }, BlockManager::new(pages, 4).with_host_tier(slots));
+            let draft: fn(&[u32]) -> u32 = if self_draft { repeaty } else { |ctx| ctx[ctx.len() / 2] };
+            let mut fake = Fake::new(&s, slots, repeaty).with_draft(draft);
+            let prefixes: [Vec<u32>; 3] = [(0..13).map(|t| t % 5).collect(), (0..9).map(|t| 100 + t).collect(), (0..4).collect()];
+            let reqs = reqs
+                .into_iter()
+                .enumerate()
+                .map(|(j, (pre, extra, max_tokens, abort_at))| (prefixes[pre].iter().copied().chain((0..extra as u32).map(|t| 1000 + t + j as u32)).collect(), max_tokens, abort_at))
+                .collect();
+            drive(&mut s, &mut fake, reqs)?;
+            let sp = s.spec_stats();
+            if self_draft {
+                proptest::prop_assert_eq!(sp.accepted_tokens, sp.draft_tokens, "{:?}", sp);
+            }
         }
     }
 }
