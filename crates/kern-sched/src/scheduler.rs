@@ -942,6 +942,7 @@ mod tests {
     /// next token computed by `rule` from its context read back through its block table (as the
     /// kernels read KV), the step committed, host-tier stores copied out.
     type Store = Vec<Option<(u32, u32)>>;
+    type Rule = fn(&[u32]) -> u32;
 
     struct Fake {
         kv: Store,
@@ -950,7 +951,7 @@ mod tests {
         rule: fn(&[u32]) -> u32,
         /// A draft program: its rule and its own per-token state (`draft_kv`), paged like `kv`
         /// (host tier included).
-        draft: Option<(fn(&[u32]) -> u32, Store, Store)>,
+        draft: Option<(Rule, Store, Store)>,
     }
 
     /// Writes a step's new tokens into `kv` and computes every row's next token with `rule` from
