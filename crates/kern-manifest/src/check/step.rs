@@ -62,6 +62,9 @@ fn shape_text(s: &[Dim]) -> String {
     format!("[{}]", d.join(", "))
 }
 
+/// The step vars: `tokens`, `seqs`, `pages`.
+pub(super) type StepVars = (VarId, VarId, VarId);
+
 impl Checker<'_> {
     pub(super) fn step(&mut self) -> Option<Step> {
         let raw = self.raw.step.as_ref()?;
@@ -79,56 +82,25 @@ impl Checker<'_> {
             id
         };
         let (tokens, seqs, pages) = (var("tokens", self.sink), var("seqs", self.sink), var("pages", self.sink));
+        let vars = match (tokens, seqs, pages) {
+            (Some(t), Some(s), Some(p)) => Some((t, s, p)),
+            _ => None,
+        };
         let bpath = path.field("buffers");
         let mut bound: Vec<(&'static str, BufferId)> = Vec::new();
         for (pos, (role, buf)) in raw.buffers.iter().enumerate() {
-            let p = bpath.entry(role, pos);
-            let Some(spec) = SPECS.iter().find(|s| s.role == role) else {
-                let hint = did_you_mean(role, SPECS.iter().map(|s| s.role));
-                self.sink.error(&p, format!("`{role}` is not a step ABI role{hint}"));
-                ok = false;
-                continue;
-            };
-            let Some(&b) = self.names.buffers.get(buf) else {
-                let hint = did_you_mean(buf, self.names.buffers.keys().map(String::as_str));
-                self.sink.error(&p, format!("no buffer `{buf}`{hint}: declare it in `buffers` as {} {}", spec.dtype.name(), shape_text(spec.shape)));
-                ok = false;
-                continue;
-            };
-            let decl = &self.buffers[b];
-            let want_role = if spec.output { Role::Output } else { Role::Input };
-            let mut problems = Vec::new();
-            if decl.dtype != spec.dtype {
-                problems.push(format!("its dtype is {}, the ABI needs {}", decl.dtype.name(), spec.dtype.name()));
+            match self.step_role(role, buf, &bpath.entry(role, pos), vars) {
+                Some(b) => bound.push(b),
+                None => ok = false,
             }
-            if decl.role != want_role {
-                problems.push(format!("its role is {}, the ABI needs \"role\": \"{}\"", decl.role.name(), want_role.name()));
-            }
-            if let (Some(t), Some(s), Some(pg)) = (tokens, seqs, pages) {
-                if !self.shape_matches(b, spec.shape, t, s, pg) {
-                    let have: Vec<String> = decl.shape.iter().map(|e| e.to_string()).collect();
-                    problems.push(format!("its shape is [{}], the ABI needs {}", have.join(", "), shape_text(spec.shape)));
-                }
-            }
-            if !problems.is_empty() {
-                self.sink.error(&p, format!("buffer `{buf}` cannot be the step's `{role}`: {}", problems.join("; ")));
-                ok = false;
-            }
-            bound.push((spec.role, BufferId(b)));
         }
-        let get = |r: &str| bound.iter().find(|(k, _)| *k == r).map(|(_, b)| *b);
         for s in SPECS.iter().filter(|s| s.required) {
             if !raw.buffers.contains_key(s.role) {
                 self.sink.error(&bpath, format!("the step ABI role `{}` is not bound: add \"{}\": \"BUF\" (a {} {} {} buffer)", s.role, s.role, if s.output { "output" } else { "input" }, s.dtype.name(), shape_text(s.shape)));
                 ok = false;
             }
         }
-        let sampling_given: Vec<&str> = SAMPLING.iter().copied().filter(|r| raw.buffers.contains_key(*r)).collect();
-        if !sampling_given.is_empty() && sampling_given.len() != SAMPLING.len() {
-            let missing: Vec<&str> = SAMPLING.iter().copied().filter(|r| !raw.buffers.contains_key(*r)).collect();
-            self.sink.error(&bpath, format!("sampling roles come together: {} bound but {} not", sampling_given.join(", "), missing.join(", ")));
-            ok = false;
-        }
+        ok &= self.sampling_together(|r| raw.buffers.contains_key(r), &bpath);
         let kv = raw.kv.as_ref().and_then(|k| match self.names.states.get(k) {
             Some(&i) if matches!(self.states[i].size, StateSize::PerToken { .. }) => Some(StateId(i)),
             Some(_) => {
@@ -153,13 +125,68 @@ impl Checker<'_> {
         if !ok {
             return None;
         }
+        self.assemble_step(raw.abi, vars?, &bound, kv)
+    }
+
+    /// Checks that `buf` may play the step ABI role `role` (binding at `p`): the role exists,
+    /// the buffer exists, and its dtype, role and shape (when the step vars are known) are the
+    /// role's. Reports every problem; the binding when there was none.
+    pub(super) fn step_role(&mut self, role: &str, buf: &str, p: &JsonPath, vars: Option<StepVars>) -> Option<(&'static str, BufferId)> {
+        let Some(spec) = SPECS.iter().find(|s| s.role == role) else {
+            let hint = did_you_mean(role, SPECS.iter().map(|s| s.role));
+            self.sink.error(p, format!("`{role}` is not a step ABI role{hint}"));
+            return None;
+        };
+        let Some(&b) = self.names.buffers.get(buf) else {
+            let hint = did_you_mean(buf, self.names.buffers.keys().map(String::as_str));
+            self.sink.error(p, format!("no buffer `{buf}`{hint}: declare it in `buffers` as {} {}", spec.dtype.name(), shape_text(spec.shape)));
+            return None;
+        };
+        let decl = &self.buffers[b];
+        let want_role = if spec.output { Role::Output } else { Role::Input };
+        let mut problems = Vec::new();
+        if decl.dtype != spec.dtype {
+            problems.push(format!("its dtype is {}, the ABI needs {}", decl.dtype.name(), spec.dtype.name()));
+        }
+        if decl.role != want_role {
+            problems.push(format!("its role is {}, the ABI needs \"role\": \"{}\"", decl.role.name(), want_role.name()));
+        }
+        if let Some((t, s, pg)) = vars {
+            if !self.shape_matches(b, spec.shape, t, s, pg) {
+                let have: Vec<String> = decl.shape.iter().map(|e| e.to_string()).collect();
+                problems.push(format!("its shape is [{}], the ABI needs {}", have.join(", "), shape_text(spec.shape)));
+            }
+        }
+        if !problems.is_empty() {
+            self.sink.error(p, format!("buffer `{buf}` cannot be the step's `{role}`: {}", problems.join("; ")));
+            return None;
+        }
+        Some((spec.role, BufferId(b)))
+    }
+
+    /// The sampling roles come all together or not at all (`bound` says whether a role is
+    /// bound). Reports at `p`; whether they do.
+    pub(super) fn sampling_together(&mut self, bound: impl Fn(&str) -> bool, p: &JsonPath) -> bool {
+        let given: Vec<&str> = SAMPLING.iter().copied().filter(|r| bound(r)).collect();
+        if !given.is_empty() && given.len() != SAMPLING.len() {
+            let missing: Vec<&str> = SAMPLING.iter().copied().filter(|r| !bound(r)).collect();
+            self.sink.error(p, format!("sampling roles come together: {} bound but {} not", given.join(", "), missing.join(", ")));
+            return false;
+        }
+        true
+    }
+
+    /// A checked [`Step`] from role bindings already checked one by one, every required role
+    /// among them and the sampling roles all or none.
+    pub(super) fn assemble_step(&self, abi: u32, (tokens, seqs, pages): StepVars, bound: &[(&'static str, BufferId)], kv: Option<StateId>) -> Option<Step> {
+        let get = |r: &str| bound.iter().find(|(k, _)| *k == r).map(|(_, b)| *b);
         let logits = get("logits");
         let vocab = logits.and_then(|b| self.buffers[b.0].shape.get(1).and_then(|e| e.as_const()));
         Some(Step {
-            abi: raw.abi,
-            tokens: tokens?,
-            seqs: seqs?,
-            pages: pages?,
+            abi,
+            tokens,
+            seqs,
+            pages,
             token_ids: get("token_ids")?,
             positions: get("positions")?,
             seq_lens: get("seq_lens")?,
@@ -213,3 +240,4 @@ impl Checker<'_> {
         true
     }
 }
+
