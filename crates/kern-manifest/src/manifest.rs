@@ -54,7 +54,31 @@ pub struct Manifest {
     pub warnings: Vec<Diagnostic>,
     /// Tensor parallelism (`parallel`, issue 17): `None` for a single-GPU manifest.
     pub parallel: Option<Parallel>,
+    /// Speculative decoding with a draft program (`speculative`, issue 18).
+    pub speculative: Option<Speculative>,
     pub(crate) index: Names,
+}
+
+/// The `speculative` section (issue 18): a draft program proposes `k` tokens per verify step,
+/// driven through the step ABI with its own bindings; the target program `main` (always
+/// `programs[0]`) verifies them. `kern check` has verified that the draft's states are its own
+/// (disjoint from those `main` binds), every state of the manifest is per token, and the draft
+/// writes its `step.sampled`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Speculative {
+    /// Index into Manifest::programs of the draft program.
+    pub draft: usize,
+    /// Draft tokens per verify step (1 to 16).
+    pub k: u32,
+    /// The draft program's step bindings: the top-level `step` with the overrides applied.
+    /// Its `kv` is the first per-token state the draft binds (e.g. `draft_kv`), `None` when it
+    /// binds none; it shares the block table with the target's.
+    pub step: Step,
+    /// Buffers `main` writes and the draft program reads (e.g. hidden states), in the
+    /// manifest's order.
+    pub reads: Vec<BufferId>,
+    /// The states the draft program binds (its own, e.g. draft_kv), in declaration order.
+    pub states: Vec<StateId>,
 }
 
 /// The `parallel` section: the manifest describes one rank of `tp`.

@@ -59,6 +59,32 @@ pub struct RawManifest {
     /// with the rank in scope as `rank`) and ops may be collectives.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parallel: Option<RawParallel>,
+    /// kern 4.1 (issue 18, docs/step-abi.md "Draft programs"): speculative decoding with a
+    /// draft program. Names the program in `programs` that drafts tokens, how many per verify
+    /// step, its own step bindings and the target buffers it reads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<RawSpeculative>,
+}
+
+/// kern 4.1 (issue 18): a draft program for speculative decoding. The draft proposes `k`
+/// tokens greedily, driven through the step ABI like the main program; `main` verifies them.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawSpeculative {
+    /// The draft program: a name in `programs`, not `main`. It binds states of its own (e.g.
+    /// `draft_kv`), never one that `main` binds.
+    pub draft: String,
+    /// Draft tokens per verify step, 1 to 16 (the engine's default; a flag may lower it).
+    #[schemars(range(min = 1, max = 16))]
+    pub k: u32,
+    /// Step ABI role → buffer name for the draft program, overriding the top-level `step`
+    /// section's `buffers` (default: none; roles not named use the top-level buffers).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub step: IndexMap<String, String>,
+    /// Buffers `main` writes and the draft program reads (e.g. hidden states for EAGLE-style
+    /// drafts). Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reads: Vec<String>,
 }
 
 /// kern 4.1 (issue 17): how the model is split across GPUs.

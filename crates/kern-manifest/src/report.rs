@@ -40,6 +40,8 @@ pub struct CheckReport {
     /// Collective ops declared, and collective calls in all programs.
     pub collective_ops: usize,
     pub collective_calls: usize,
+    /// Speculative decoding: the draft program's name and `k`, when declared.
+    pub speculative: Option<(String, u32)>,
 }
 
 impl CheckReport {
@@ -115,6 +117,10 @@ impl Manifest {
                 .flat_map(|p| &p.calls)
                 .filter(|c| self.ops[c.op.0].collective.is_some())
                 .count(),
+            speculative: self
+                .speculative
+                .as_ref()
+                .map(|s| (self.programs[s.draft].name.clone(), s.k)),
         }
     }
 }
@@ -184,6 +190,12 @@ impl fmt::Display for CheckReport {
                 "  program    {name}: {}, {} per run",
                 plural(*calls, "call", "calls"),
                 plural(*launches, "launch", "launches")
+            )?;
+        }
+        if let Some((draft, k)) = &self.speculative {
+            writeln!(
+                f,
+                "  speculative draft program {draft}, k = {k} draft tokens per verify step"
             )?;
         }
         writeln!(

@@ -187,6 +187,12 @@ fn the_schema_accepts_the_example_manifests_and_rejects_structural_mistakes() {
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(schema_errors(&v), Vec::<String>::new(), "{name}");
     }
+    // The speculative section (issue 18): its test manifest passes, a typo in it does not.
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/speculative.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(schema_errors(&v), Vec::<String>::new(), "speculative");
+    v["speculative"]["drafts"] = serde_json::json!("draft");
+    assert_eq!(schema_errors(&v), vec!["$.speculative.drafts: not allowed".to_string()]);
     for name in [
         "unknown_field_typo",
         "unknown_field_required",

@@ -9,6 +9,7 @@
 mod modules;
 mod ops;
 mod program;
+mod speculative;
 mod step;
 
 use crate::decode::Broken;
@@ -81,6 +82,7 @@ pub(crate) fn check(
     c.ops();
     let programs = c.programs();
     let step = c.step();
+    let speculative = c.speculative(step.as_ref());
     // An op that could not be read may be the module's user: say nothing then.
     for (i, used) in c.modules_used.iter().enumerate() {
         if !used && broken.ops.is_empty() {
@@ -110,6 +112,7 @@ pub(crate) fn check(
         step,
         warnings: vec![],
         parallel: c.parallel,
+        speculative,
         index: c.names,
     })
 }

@@ -105,7 +105,12 @@ impl Checker<'_> {
                 },
             ));
         }
-        self.dataflow(&calls, p);
+        // A draft program reads buffers the target wrote (`speculative.reads`).
+        let filled: HashSet<usize> = match &self.raw.speculative {
+            Some(s) if s.draft == name => s.reads.iter().filter_map(|r| self.names.buffers.get(r).copied()).collect(),
+            _ => HashSet::new(),
+        };
+        self.dataflow(&calls, p, &filled);
         Program {
             name: name.to_string(),
             calls: calls.into_iter().map(|(_, c)| c).collect(),
@@ -283,8 +288,9 @@ impl Checker<'_> {
     /// Warns about an activation or output read before the call that first writes it, about
     /// one declared `activation`/`output` that no call writes, and about an output bound to
     /// two parameters of one call. Buffers a v4 manifest leaves without a role and never
-    /// writes are taken to be filled from outside (weights, inputs) and not warned about.
-    fn dataflow(&mut self, calls: &[(usize, Call)], p: &JsonPath) {
+    /// writes are taken to be filled from outside (weights, inputs) and not warned about, as
+    /// are those in `filled` (a draft program's `speculative.reads`, which the target writes).
+    fn dataflow(&mut self, calls: &[(usize, Call)], p: &JsonPath, filled: &HashSet<usize>) {
         let access = |t: &OpParam| match t {
             OpParam::Buffer { access, .. } => Some(*access),
             _ => None,
@@ -316,6 +322,7 @@ impl Checker<'_> {
                 if acc.reads()
                     && matches!(buf.role, Role::Activation | Role::Output)
                     && !warned.contains(&b.0)
+                    && !filled.contains(&b.0)
                 {
                     let msg = match first_write.get(&b.0) {
                         Some(&w) if w > *i => Some(format!("`{}` is read here before calls[{w}] first writes it: is the program out of order?", buf.name)),

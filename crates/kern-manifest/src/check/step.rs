@@ -48,6 +48,27 @@ const SPECS: &[Spec] = &[
 
 const SAMPLING: [&str; 4] = ["temperature", "top_k", "top_p", "seeds"];
 
+/// Every role a checked step binds, with its buffer (the inverse of
+/// [`Checker::assemble_step`]).
+pub(super) fn step_roles(s: &Step) -> Vec<(&'static str, BufferId)> {
+    let mut out = vec![
+        ("token_ids", s.token_ids),
+        ("positions", s.positions),
+        ("seq_lens", s.seq_lens),
+        ("query_start", s.query_start),
+        ("slot_mapping", s.slot_mapping),
+        ("block_tables", s.block_tables),
+        ("last_token", s.last_token),
+    ];
+    out.extend(s.seq_slots.map(|b| ("seq_slots", b)));
+    if let Some(x) = &s.sampling {
+        out.extend([("temperature", x.temperature), ("top_k", x.top_k), ("top_p", x.top_p), ("seeds", x.seeds)]);
+    }
+    out.push(("sampled", s.sampled));
+    out.extend(s.logits.map(|b| ("logits", b)));
+    out
+}
+
 fn shape_text(s: &[Dim]) -> String {
     let d: Vec<&str> = s
         .iter()
@@ -241,3 +262,38 @@ impl Checker<'_> {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `step_roles` lists every role of a step that binds them all, each with its buffer:
+    /// a role added to `SPECS` and `Step` but not there would be lost from a draft's step.
+    #[test]
+    fn step_roles_lists_every_role() {
+        let b = |r: &str| BufferId(SPECS.iter().position(|s| s.role == r).unwrap());
+        let step = Step {
+            abi: 1,
+            tokens: VarId(0),
+            seqs: VarId(1),
+            pages: VarId(2),
+            token_ids: b("token_ids"),
+            positions: b("positions"),
+            seq_lens: b("seq_lens"),
+            query_start: b("query_start"),
+            slot_mapping: b("slot_mapping"),
+            block_tables: b("block_tables"),
+            last_token: b("last_token"),
+            seq_slots: Some(b("seq_slots")),
+            sampling: Some(Sampling { temperature: b("temperature"), top_k: b("top_k"), top_p: b("top_p"), seeds: b("seeds") }),
+            sampled: b("sampled"),
+            logits: Some(b("logits")),
+            vocab: Some(10),
+            kv: None,
+        };
+        let roles = step_roles(&step);
+        assert_eq!(roles.len(), SPECS.len());
+        for s in SPECS {
+            assert_eq!(roles.iter().find(|(r, _)| *r == s.role).map(|(_, id)| *id), Some(b(s.role)), "{}", s.role);
+        }
+    }
+}

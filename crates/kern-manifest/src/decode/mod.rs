@@ -153,6 +153,10 @@ pub(crate) fn decode(doc: &Json, sink: &mut Sink) -> Option<Decoded> {
         d.ext(&p, "`parallel`");
         d.parallel(v, &p)
     });
+    let speculative = o.get("speculative").and_then(|(v, p)| {
+        d.ext(&p, "`speculative`");
+        d.speculative(v, &p)
+    });
     o.finish(&mut d);
 
     let declared = version.unwrap_or(SchemaVersion::LATEST);
@@ -185,6 +189,7 @@ pub(crate) fn decode(doc: &Json, sink: &mut Sink) -> Option<Decoded> {
         programs,
         step,
         parallel,
+        speculative,
     };
     Some(Decoded {
         raw,
@@ -482,6 +487,55 @@ impl Dec<'_> {
             .and_then(|(v, p)| self.u32(v, &p));
         o.finish(self);
         Some(RawParallel { tp: tp? })
+    }
+
+    /// `{"draft": PROGRAM, "k": N, "step": {ROLE: BUF, …}, "reads": [BUF, …]}`.
+    fn speculative(&mut self, v: &Json, path: &JsonPath) -> Option<RawSpeculative> {
+        let mut o = self.obj(v, path, "the speculative section")?;
+        let draft = self
+            .req(&mut o, "draft", "\"PROGRAM\" (the draft program, in `programs`)")
+            .and_then(|(v, p)| self.string(v, &p));
+        let k = self
+            .req(&mut o, "k", "N (draft tokens per verify step, 1 to 16)")
+            .and_then(|(v, p)| self.u32(v, &p));
+        let step = match o.get("step") {
+            None => Some(IndexMap::new()),
+            Some((v, p)) => self.role_map(v, &p),
+        };
+        let reads = match o.get("reads") {
+            None => Some(vec![]),
+            Some((v, p)) => self.list(v, &p, "a list of buffer names", |d, v, p| d.string(v, p)),
+        };
+        o.finish(self);
+        Some(RawSpeculative {
+            draft: draft?,
+            k: k?,
+            step: step?,
+            reads: reads?,
+        })
+    }
+
+    /// `{ROLE: BUFFER, …}`: step ABI role → buffer name.
+    fn role_map(&mut self, v: &Json, p: &JsonPath) -> Option<IndexMap<String, String>> {
+        let Json::Object(entries) = v else {
+            self.sink.error(p, format!("expected an object of ABI role → buffer name, found {}", v.kind()));
+            return None;
+        };
+        let mut m = IndexMap::new();
+        let mut ok = true;
+        for (pos, (k, v)) in entries.iter().enumerate() {
+            if m.contains_key(k) {
+                self.sink.error(&p.entry(k, pos), format!("`{k}` is bound twice; only the first is read: remove one"));
+                continue;
+            }
+            match self.string(v, &p.entry(k, pos)) {
+                Some(s) => {
+                    m.insert(k.clone(), s);
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(m)
     }
 
     /// `{"dim": D, "parts": N, "part": EXPR}`.
