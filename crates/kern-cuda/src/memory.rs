@@ -305,6 +305,57 @@ impl DeviceBuffer {
     }
 }
 
+/// Stream-ordered copies between a device buffer and page-locked host memory, with both
+/// ranges checked (the runtime's step inputs and outputs, issue 15). Unlike
+/// [`PinnedBuffer::copy_to_device_async`] they take no raw device address: the only contract
+/// left to the caller is the host memory's lifetime.
+impl DeviceBuffer {
+    /// Queues a copy of `len` bytes from `src[src_offset..]` to `self[offset..]` on `stream`
+    /// and returns immediately (a truly asynchronous DMA: `src` is pinned).
+    ///
+    /// # Safety
+    /// Bytes `src_offset..src_offset + len` of `src` must not be written, and `src` must not be
+    /// freed, until the copy has completed (synchronize the stream or an event recorded on it
+    /// after this call).
+    pub unsafe fn copy_from_pinned_async(
+        &self,
+        offset: usize,
+        src: &PinnedBuffer,
+        src_offset: usize,
+        len: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let dst = self.addr("copy_from_pinned_async (device range)", offset, len)?;
+        self.ctx.ensure_same(stream.context(), "stream")?;
+        // SAFETY: the device range lies in this live allocation (checked above) and is freed
+        // only by `drop`; `src` checks its own range and context; the caller guarantees the
+        // host range outlives the copy unmodified.
+        unsafe { src.copy_to_device_async(src_offset, dst, len, stream) }
+    }
+
+    /// Queues a copy of `len` bytes from `self[offset..]` into `dst[dst_offset..]` on `stream`
+    /// and returns immediately.
+    ///
+    /// # Safety
+    /// Bytes `dst_offset..dst_offset + len` of `dst` must not be read or written, and `dst`
+    /// must not be freed, until the copy has completed (synchronize the stream or an event
+    /// recorded on it after this call).
+    pub unsafe fn copy_to_pinned_async(
+        &self,
+        offset: usize,
+        dst: &mut PinnedBuffer,
+        dst_offset: usize,
+        len: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let src = self.addr("copy_to_pinned_async (device range)", offset, len)?;
+        self.ctx.ensure_same(stream.context(), "stream")?;
+        // SAFETY: as in `copy_from_pinned_async`, with the caller keeping the host range
+        // untouched until the copy completes.
+        unsafe { dst.copy_from_device_async(dst_offset, src, len, stream) }
+    }
+}
+
 /// Page-locked host memory (`cuMemHostAlloc`), zero-filled at allocation, freed on drop.
 pub struct PinnedBuffer {
     ptr: *mut u8,
