@@ -14,6 +14,7 @@
 //! `query_start` / `seq_lens`), not from the padded var.
 
 use crate::plan::{MemoryPlan, StatePool};
+use crate::staging::Staging;
 use crate::{Result, RuntimeError};
 use kern_cuda::{Context, DeviceBuffer, Event, Function, GraphExec, LaunchConfig, PackedArgs, ParamSlot, Stream};
 use kern_manifest::expr::Expr;
@@ -92,6 +93,17 @@ pub struct Runtime {
     pub plan: MemoryPlan,
     ctx: Context,
     stream: Stream,
+    // The staging buffers come before the arena: fields drop in order, and each waits for its
+    // copies before the memory on either side is freed.
+    /// Pinned staging of [`Runtime::upload`].
+    upload_staging: Staging,
+    /// Pinned staging of [`Runtime::read_into`] (which takes `&self`).
+    read_staging: RefCell<Staging>,
+    /// CUDA events around the last run queued (start, end), reused from run to run; `None`
+    /// until the first run.
+    timer: Option<(Event, Event)>,
+    /// `timer` holds a complete recording of the last run queued.
+    timed: bool,
     arena: DeviceBuffer,
     pools: Vec<Option<DeviceBuffer>>,
     programs: Vec<Program>,
@@ -143,7 +155,22 @@ impl Runtime {
                 .map_err(RuntimeError::cuda(format!("loading module `{}` ({}, image {} for {})", m.name, m.path.display(), m.image, manifest.arch)))?;
             modules.push(module);
         }
-        let mut rt = Runtime { manifest, plan, ctx: ctx.clone(), stream, arena, pools, programs: Vec::new(), graphs: HashMap::new(), _modules: modules, comm };
+        let mut rt = Runtime {
+            manifest,
+            plan,
+            ctx: ctx.clone(),
+            stream,
+            upload_staging: Staging::default(),
+            read_staging: RefCell::new(Staging::default()),
+            timer: None,
+            timed: false,
+            arena,
+            pools,
+            programs: Vec::new(),
+            graphs: HashMap::new(),
+            _modules: modules,
+            comm,
+        };
         let mut funcs: HashMap<(usize, String), Function> = HashMap::new();
         for p in 0..rt.manifest.programs.len() {
             let prog = rt.prepare(p, &mut funcs)?;
@@ -362,10 +389,35 @@ impl Runtime {
         self.manifest.vars.iter().zip(vars).map(|(v, &x)| bucket(x, v.max)).collect()
     }
 
-    /// Runs program `p` once at `vars`.
+    /// Runs program `p` once at `vars` and waits for it: a failing kernel is reported here, and
+    /// `gpu_ms` is measured.
     pub fn run(&mut self, p: usize, vars: &[i64], mode: Mode) -> Result<RunStats> {
+        let mut stats = self.enqueue_run(p, vars, mode)?;
+        self.stream.synchronize().map_err(|e| self.fault_unknown(e))?;
+        stats.gpu_ms = self.last_gpu_ms()?.unwrap_or(0.0);
+        Ok(stats)
+    }
+
+    /// Queues one run of program `p` at `vars` on the runtime's stream and returns without
+    /// waiting for it (issue 15): for a caller that reads a result right after
+    /// ([`Runtime::read_into`] synchronizes the stream), so the host waits once per step,
+    /// not twice. The returned `gpu_ms` is 0: the run's GPU time, measured with CUDA events
+    /// as in [`Runtime::run`], is [`Runtime::last_gpu_ms`] once it has finished. A kernel
+    /// that fails is reported by the next call that waits for the stream (`read_into`,
+    /// `last_gpu_ms`, `run`), without its call label. With `Mode::Eager { sync_each: true }`
+    /// each launch is still waited for.
+    ///
+    /// Ordering needs no host wait: uploads, zeroed padding, the launches or the graph replay,
+    /// and a later readback are all queued on the same stream.
+    pub fn enqueue_run(&mut self, p: usize, vars: &[i64], mode: Mode) -> Result<RunStats> {
         self.check_vars(vars)?;
-        let (start, end) = (self.ctx.event()?, self.ctx.event()?);
+        self.timed = false;
+        // The events are reused from run to run (re-recording one moves it to this run); on an
+        // error they are dropped and made again next time.
+        let (start, end) = match self.timer.take() {
+            Some(t) => t,
+            None => (self.ctx.event()?, self.ctx.event()?),
+        };
         let mut stats = RunStats { launches: self.programs[p].launches.len(), ..Default::default() };
         match mode {
             Mode::Eager { sync_each } => {
@@ -398,9 +450,19 @@ impl Runtime {
                 stats.vars_used = b;
             }
         }
-        self.stream.synchronize().map_err(|e| self.fault_unknown(e))?;
-        stats.gpu_ms = Event::elapsed_ms(&start, &end)?;
+        self.timer = Some((start, end));
+        self.timed = true;
         Ok(stats)
+    }
+
+    /// GPU time in milliseconds of the last run queued by [`Runtime::enqueue_run`] or
+    /// [`Runtime::run`] (CUDA events around its launches or graph replay), waiting for it to
+    /// finish when it has not yet (free after [`Runtime::read_into`], which has waited).
+    /// `None` before the first run and after a run that failed to queue.
+    pub fn last_gpu_ms(&self) -> Result<Option<f32>> {
+        let Some((start, end)) = self.timer.as_ref().filter(|_| self.timed) else { return Ok(None) };
+        end.synchronize().map_err(|e| self.fault_unknown(e))?;
+        Ok(Some(Event::elapsed_ms(start, end)?))
     }
 
     fn fault_unknown(&self, e: kern_cuda::CudaError) -> RuntimeError {
@@ -491,13 +553,66 @@ impl Runtime {
         Ok(())
     }
 
-    /// Copies host bytes into buffer `b` (at most its size at the vars' max).
+    /// Copies host bytes into buffer `b` (at most its size at the vars' max). Blocking: waits
+    /// for all work queued in the context first (setup, tests; a step uses [`Runtime::upload`]).
     pub fn write_buffer(&self, b: kern_manifest::manifest::BufferId, bytes: &[u8]) -> Result<()> {
-        let slot = &self.plan.buffers[b.0];
-        if bytes.len() as u64 > slot.bytes {
-            return Err(RuntimeError::Data(format!("buffers.{}: {} bytes do not fit its {} bytes", self.manifest.buffers[b.0].name, bytes.len(), slot.bytes)));
-        }
+        let slot = check_write(&self.manifest, &self.plan, b, bytes.len())?;
         self.arena.copy_from_host(slot.offset as usize, bytes)?;
+        Ok(())
+    }
+
+    /// Copies each `(buffer, bytes)` of `writes` into its buffer without blocking the host
+    /// (issue 15): the bytes are packed into one page-locked staging buffer owned by the
+    /// runtime (allocated on first use, grown when a step needs more), then one asynchronous
+    /// copy per write is queued on the runtime's stream, so they land before the next run
+    /// queued on it (eager or graph replay) and after everything queued before. Sizes are
+    /// checked as [`Runtime::write_buffer`] checks them, all before anything is copied; an
+    /// empty write copies nothing, and a buffer written twice gets the later bytes.
+    ///
+    /// **Staging reuse.** Before refilling the staging buffer this waits for an event recorded
+    /// after the previous upload's copies, so bytes still in flight are never overwritten.
+    /// That wait is free in a step loop (the previous step's readback has synchronized the
+    /// stream) and never waits for a run: the event precedes the run on the stream.
+    pub fn upload(&mut self, writes: &[(kern_manifest::manifest::BufferId, &[u8])]) -> Result<()> {
+        let mut dsts = Vec::with_capacity(writes.len());
+        for &(b, bytes) in writes {
+            dsts.push(check_write(&self.manifest, &self.plan, b, bytes.len())?.offset as usize);
+        }
+        let sizes: Vec<usize> = writes.iter().map(|w| w.1.len()).collect();
+        let (offsets, total) = crate::staging::pack(&sizes).ok_or_else(|| RuntimeError::Data(format!("an upload of {} writes overflows the address space", writes.len())))?;
+        if total == 0 {
+            return Ok(());
+        }
+        let staging = self.upload_staging.acquire(&self.ctx, total)?;
+        let host = staging.as_mut_slice();
+        for (&(_, bytes), &at) in writes.iter().zip(&offsets) {
+            host[at..at + bytes.len()].copy_from_slice(bytes);
+        }
+        let staging = &*staging;
+        let copies = writes.iter().zip(offsets.iter().zip(&dsts)).try_for_each(|(&(_, bytes), (&at, &dst))| {
+            // SAFETY: the staging buffer is written again only after `acquire` has waited for
+            // the event `queued` records below, after these copies; it is freed only after
+            // that wait too (`Staging`'s Drop).
+            unsafe { self.arena.copy_from_pinned_async(dst, staging, at, bytes.len(), &self.stream) }.map_err(RuntimeError::from)
+        });
+        self.upload_staging.queued(&self.stream, copies)
+    }
+
+    /// Reads the first `dst.len()` bytes of buffer `b` into `dst` once everything queued on the
+    /// runtime's stream has run (issue 15): one asynchronous copy into page-locked staging, one
+    /// stream synchronize, one host copy. After [`Runtime::enqueue_run`] this is the step's one
+    /// wait; a kernel of the run that failed is reported here. `dst` may not be longer than the
+    /// buffer's slot.
+    pub fn read_into(&self, b: kern_manifest::manifest::BufferId, dst: &mut [u8]) -> Result<()> {
+        let slot = check_read(&self.manifest, &self.plan, b, dst.len())?;
+        let mut staging = self.read_staging.borrow_mut();
+        let host = staging.acquire(&self.ctx, dst.len())?;
+        // SAFETY: the staging buffer is not touched until the stream synchronize below has
+        // waited for the copy (or failed: then the context is unusable and nothing runs); it
+        // is freed only after `Staging::wait`.
+        unsafe { self.arena.copy_to_pinned_async(slot.offset as usize, host, 0, dst.len(), &self.stream) }?;
+        self.stream.synchronize().map_err(|e| self.fault_unknown(e))?;
+        dst.copy_from_slice(&host.as_slice()[..dst.len()]);
         Ok(())
     }
 
@@ -632,6 +747,25 @@ impl Runtime {
     }
 }
 
+/// The slot of buffer `b` when `len` bytes fit in it (what [`Runtime::write_buffer`] and
+/// [`Runtime::upload`] check).
+pub(crate) fn check_write<'p>(m: &Manifest, plan: &'p MemoryPlan, b: kern_manifest::manifest::BufferId, len: usize) -> Result<&'p crate::plan::BufferSlot> {
+    let slot = &plan.buffers[b.0];
+    if len as u64 > slot.bytes {
+        return Err(RuntimeError::Data(format!("buffers.{}: {len} bytes do not fit its {} bytes", m.buffers[b.0].name, slot.bytes)));
+    }
+    Ok(slot)
+}
+
+/// The slot of buffer `b` when it holds `len` bytes to read ([`Runtime::read_into`]).
+pub(crate) fn check_read<'p>(m: &Manifest, plan: &'p MemoryPlan, b: kern_manifest::manifest::BufferId, len: usize) -> Result<&'p crate::plan::BufferSlot> {
+    let slot = &plan.buffers[b.0];
+    if len as u64 > slot.bytes {
+        return Err(RuntimeError::Data(format!("buffers.{}: cannot read {len} bytes from its {} bytes", m.buffers[b.0].name, slot.bytes)));
+    }
+    Ok(slot)
+}
+
 fn to_cuda(e: RuntimeError) -> kern_cuda::CudaError {
     match e {
         RuntimeError::Cuda(c) => c,
@@ -679,7 +813,25 @@ fn scalar_of(s: Scalar, v: i64) -> Option<Value> {
 
 #[cfg(test)]
 mod tests {
-    use super::bucket;
+    use super::{bucket, check_read, check_write};
+
+    /// Writes and reads are checked against the buffer's slot before any copy: the error
+    /// names the buffer and both sizes (no GPU needed).
+    #[test]
+    fn upload_and_read_sizes_are_checked_against_the_slot() {
+        let json = r#"{"schema_version": "4.1", "model": "sizes", "vars": {"n": {"max": 8}},
+            "buffers": {"ids": {"dtype": "i32", "shape": ["n"], "role": "input"},
+                        "out": {"dtype": "f32", "shape": [2, "n"], "role": "output"}},
+            "program": {"calls": []}}"#;
+        let m = kern_manifest::check_bytes(json.as_bytes(), std::path::Path::new("/tmp/sizes/model.json"), &Default::default()).unwrap_or_else(|d| panic!("{d}"));
+        let plan = crate::plan::plan(&m, &Default::default()).unwrap();
+        let (ids, out) = (m.buffer("ids").unwrap(), m.buffer("out").unwrap());
+        assert_eq!(check_write(&m, &plan, ids, 32).unwrap(), &plan.buffers[ids.0], "8 i32 fit exactly");
+        assert!(check_write(&m, &plan, ids, 0).is_ok());
+        assert_eq!(check_write(&m, &plan, ids, 33).unwrap_err().to_string(), "buffers.ids: 33 bytes do not fit its 32 bytes");
+        assert_eq!(check_read(&m, &plan, out, 64).unwrap().offset, plan.buffers[out.0].offset);
+        assert_eq!(check_read(&m, &plan, out, 65).unwrap_err().to_string(), "buffers.out: cannot read 65 bytes from its 64 bytes");
+    }
 
     #[test]
     fn buckets_are_powers_of_two_capped_at_max() {

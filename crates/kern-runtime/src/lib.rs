@@ -8,6 +8,8 @@
 //! * [`parallel`]: tensor parallelism — one [`Runtime`] per local GPU with its NCCL
 //!   communicator, step inputs broadcast, ranks run side by side, collectives captured in
 //!   each rank's CUDA graphs (issue 17).
+//! * [`staging`] (issue 15): the page-locked staging behind [`Runtime::upload`] and
+//!   [`Runtime::read_into`], a step's non-blocking input copies and its one readback.
 //! * [`npy`] and [`data`]: host-side arrays — `.npy` files, dtype conversion, generated inputs.
 //!
 //! The runtime never calls the driver itself: everything GPU goes through `kern-cuda`.
@@ -18,6 +20,7 @@ pub mod exec;
 pub mod npy;
 pub mod parallel;
 pub mod plan;
+pub mod staging;
 
 pub use error::{Result, RuntimeError};
 pub use exec::{Mode, RunStats, Runtime};

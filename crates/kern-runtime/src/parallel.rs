@@ -9,7 +9,7 @@
 //! * **Weights.** [`ParallelRuntime::load_weights`]: rank `r` streams its own slices (shard
 //!   sources evaluated at `rank = r`; replicated weights to every rank).
 //! * **Step inputs** are broadcast: [`ParallelRuntime::write_buffer`] writes the same bytes
-//!   to every rank. Outputs are read from the first local rank (global rank 0 on node 0).
+//!   to every rank ([`ParallelRuntime::upload`]: asynchronously, on each rank's stream). Outputs are read from the first local rank (global rank 0 on node 0).
 //!   **Sampling is replicated**: every rank computes the same logits (the all-reduced hidden
 //!   state goes through a replicated LM head) and samples with the same seeds, so every rank
 //!   holds the same `sampled` ids; the engine reads rank 0's.
@@ -138,6 +138,27 @@ impl ParallelRuntime {
         self.ranks.iter().try_for_each(|rt| rt.write_buffer(b, bytes))
     }
 
+    /// [`Runtime::upload`] on every local rank: the same bytes into the same buffers, copied
+    /// asynchronously on each rank's stream from that rank's own pinned staging (the host does
+    /// not wait, except for a rank's previous upload still in flight).
+    pub fn upload(&mut self, writes: &[(BufferId, &[u8])]) -> Result<()> {
+        let first = self.first_rank;
+        self.ranks.iter_mut().enumerate().try_for_each(|(i, rt)| rt.upload(writes).map_err(|e| RuntimeError::Mismatch(format!("rank {}: {e}", first + i as u32))))
+    }
+
+    /// [`Runtime::read_into`] on the first local rank (outputs are replicated): waits for that
+    /// rank's stream only. The other ranks may still be finishing their replicated tail of the
+    /// run (everything up to its last collective has finished, since rank 0's collectives did);
+    /// their next upload and run queue behind it on their own streams.
+    pub fn read_into(&self, b: BufferId, dst: &mut [u8]) -> Result<()> {
+        self.ranks[0].read_into(b, dst)
+    }
+
+    /// [`Runtime::last_gpu_ms`] of the first local rank.
+    pub fn last_gpu_ms(&self) -> Result<Option<f32>> {
+        self.ranks[0].last_gpu_ms()
+    }
+
     /// Reads buffer `b` of the first local rank (outputs are replicated).
     pub fn read_buffer(&self, b: BufferId, len: usize) -> Result<Vec<u8>> {
         self.ranks[0].read_buffer(b, len)
@@ -152,9 +173,24 @@ impl ParallelRuntime {
     /// stats of each rank, in rank order. The first failing rank's error is returned, with
     /// its rank.
     pub fn run(&mut self, p: usize, vars: &[i64], mode: Mode) -> Result<Vec<RunStats>> {
+        self.on_every_rank(|rt| rt.run(p, vars, mode))
+    }
+
+    /// [`Runtime::enqueue_run`] on every local rank at once (one thread each, as
+    /// [`ParallelRuntime::run`]: capturing or queuing a collective may wait for the other
+    /// ranks), without waiting for the runs; then [`ParallelRuntime::read_into`] waits for
+    /// rank 0, and [`ParallelRuntime::last_gpu_ms`] gives rank 0's GPU time.
+    pub fn enqueue_run(&mut self, p: usize, vars: &[i64], mode: Mode) -> Result<Vec<RunStats>> {
+        self.on_every_rank(|rt| rt.enqueue_run(p, vars, mode))
+    }
+
+    /// Calls `f` on every local rank at once, one thread each; the results in rank order, or
+    /// the first failing rank's error with its rank.
+    fn on_every_rank(&mut self, f: impl Fn(&mut Runtime) -> Result<RunStats> + Sync) -> Result<Vec<RunStats>> {
         let first = self.first_rank;
+        let f = &f;
         let results: Vec<Result<RunStats>> = std::thread::scope(|s| {
-            let handles: Vec<_> = self.ranks.iter_mut().map(|rt| s.spawn(move || rt.run(p, vars, mode))).collect();
+            let handles: Vec<_> = self.ranks.iter_mut().map(|rt| s.spawn(move || f(rt))).collect();
             handles
                 .into_iter()
                 .map(|h| h.join().unwrap_or_else(|_| Err(RuntimeError::Mismatch("a rank's thread panicked".into()))))
