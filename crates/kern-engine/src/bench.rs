@@ -64,7 +64,7 @@ mod tests {
     use super::*;
 
     fn rec(ms: f32, context: usize) -> StepRecord {
-        StepRecord { decode: true, rows: 2, tokens: 2, seqs: 2, generated: 2, context, wall_ms: 99.0, gpu_ms: Some(ms) }
+        StepRecord { decode: true, rows: 2, tokens: 2, seqs: 2, generated: 2, context, wall_ms: 99.0, gpu_ms: Some(ms), draft_steps: 0 }
     }
 
     #[test]

@@ -44,7 +44,8 @@ pub struct EngineConfig {
     pub prefix_cache: bool,
     /// Host memory for the prefix cache's host tier, bytes (0: none).
     pub offload_bytes: u64,
-    /// Speculative decoding with prompt-lookup drafts (None: off).
+    /// Speculative decoding (None: off): prompt-lookup drafts, or the model's draft program
+    /// (`SpecConfig::program(k)`; k = 0 takes the manifest's `speculative.k`).
     pub spec: Option<kern_sched::SpecConfig>,
     /// Keep a record of every step (`Engine::step_records`) and measure the copy bandwidth at
     /// start (`EngineInfo::copy_gbs`): for benchmarks.
@@ -98,9 +99,12 @@ pub struct StepRecord {
     pub generated: usize,
     /// Context tokens the step's rows attend over, summed (KV read).
     pub context: usize,
-    /// Host time around the model's step and GPU time of its program (when measured), ms.
+    /// Host time around the model's step and GPU time of its program (when measured), ms —
+    /// the draft program's steps before it included.
     pub wall_ms: f64,
     pub gpu_ms: Option<f32>,
+    /// Draft-program steps run before this step (to propose what it verified).
+    pub draft_steps: usize,
 }
 
 /// Steps of one kind.
@@ -449,6 +453,15 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
         // Draft rows would each advance the sequence's state.
         cfg.spec = None;
     }
+    if let Some(sp) = cfg.spec.as_mut().filter(|sp| sp.drafter == kern_sched::Drafter::Program) {
+        let Some(k) = mi.draft_k else {
+            return fail(inner, "speculative decoding with a draft program: this model declares none (no `speculative` section in its manifest): pack it with `kern pack --draft ...`, or draft with n-grams (--spec-ngram)".into());
+        };
+        if sp.k == 0 {
+            sp.k = k;
+        }
+    }
+    let draft_program = cfg.spec.as_ref().is_some_and(|sp| sp.drafter == kern_sched::Drafter::Program);
     let mut host_slots = 0;
     if cfg.offload_bytes > 0 {
         if !cfg.prefix_cache {
@@ -588,7 +601,22 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
             continue;
         }
 
-        // 2. The step.
+        // 2. Drafts from the draft program (greedy steps on its own state), then the step that
+        // verifies them.
+        let round_start = Instant::now();
+        let (mut draft_steps, mut draft_gpu_ms) = (0usize, 0f32);
+        if draft_program {
+            let mut next = sched.draft_begin(|t, s, d| model.pad(t, s, d));
+            while let Some(ds) = next {
+                let sampled = match model.draft_step(&ds) {
+                    Ok(s) => s,
+                    Err(e) => return fail_all(inner, &mut live, format!("the draft program failed in a step: {e}")),
+                };
+                draft_steps += 1;
+                draft_gpu_ms += model.last_gpu_ms().unwrap_or(0.0);
+                next = sched.draft_advance(&ds, &sampled, |t, s, d| model.pad(t, s, d));
+            }
+        }
         let Some(step) = sched.schedule(|t, s, d| model.pad(t, s, d)) else {
             // Cannot happen with the admission checks (a lone request always fits); fail the
             // queue's front rather than spin.
@@ -651,7 +679,7 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
             let (ph, n) = if step.is_decode() { (&mut ps.decode, outs.len()) } else { (&mut ps.prefill, step.real_tokens) };
             ph.steps += 1;
             ph.tokens += n as u64;
-            ph.secs += now.elapsed().as_secs_f64();
+            ph.secs += round_start.elapsed().as_secs_f64();
         }
         if cfg.record_steps {
             let rec = StepRecord {
@@ -665,8 +693,9 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
                 },
                 generated: outs.len(),
                 context: step.seq_lens.iter().take(step.real_seqs).map(|&l| l.max(0) as usize).sum(),
-                wall_ms: now.elapsed().as_secs_f64() * 1e3,
-                gpu_ms: model.last_gpu_ms(),
+                wall_ms: round_start.elapsed().as_secs_f64() * 1e3,
+                gpu_ms: model.last_gpu_ms().map(|g| g + draft_gpu_ms),
+                draft_steps,
             };
             inner.records.lock().unwrap_or_else(|p| p.into_inner()).push(rec);
         }
@@ -737,6 +766,7 @@ fn publish(inner: &Inner, sched: &Scheduler) {
     m.spec_drafts.inc_by(sp.drafts.saturating_sub(m.spec_drafts.get()));
     m.spec_draft_tokens.inc_by(sp.draft_tokens.saturating_sub(m.spec_draft_tokens.get()));
     m.spec_accepted.inc_by(sp.accepted_tokens.saturating_sub(m.spec_accepted.get()));
+    m.spec_draft_steps.inc_by(sp.draft_steps.saturating_sub(m.spec_draft_steps.get()));
     let c = sched.cache_stats();
     m.prefix_queries.inc_by(c.queries.saturating_sub(m.prefix_queries.get()));
     m.prefix_hits.inc_by(c.hits.saturating_sub(m.prefix_hits.get()));

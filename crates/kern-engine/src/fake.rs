@@ -7,6 +7,10 @@
 //! preempted sequence resumed badly) produces different tokens, and a slot holding the wrong
 //! position is reported as corruption. The next token is a pure function of the context (the
 //! `rule`, by default a hash), so tests know every request's exact expected output.
+//!
+//! With [`FakeModel::with_draft`] it also has a draft program: its own rule over its own
+//! per-token state (a second store paged by the same block tables, like `draft_kv`), checked
+//! the same way — a draft row reading a position whose draft state was never written fails.
 
 use crate::model::{Model, ModelError, ModelInfo, StepOutput};
 use kern_sched::Step;
@@ -25,12 +29,18 @@ fn fnv(xs: impl Iterator<Item = u64>) -> u64 {
     xs.fold(0xcbf2_9ce4_8422_2325u64, |h, x| (h ^ x).wrapping_mul(0x100_0000_01b3))
 }
 
+type Store = Vec<Option<(u32, u32)>>;
+
 pub struct FakeModel {
     info: ModelInfo,
     rule: Rule,
-    kv: Vec<Option<(u32, u32)>>,
+    kv: Store,
     /// The host tier's memory, slot-major like the pool.
-    host: Vec<Option<(u32, u32)>>,
+    host: Store,
+    /// The draft program: its rule, its state and that state's host tier.
+    draft: Option<(Rule, Store, Store)>,
+    /// Draft steps run.
+    pub draft_steps: usize,
     /// Sleep per step (to keep requests in flight while a test does something).
     pub step_delay: Duration,
     /// Fail this step (0-based) with a fault naming an op, like a GPU fault would.
@@ -41,12 +51,20 @@ pub struct FakeModel {
 impl FakeModel {
     pub fn new(info: ModelInfo, rule: Rule) -> FakeModel {
         let slots = info.total_pages * info.page_tokens;
-        FakeModel { info, rule, kv: vec![None; slots], host: Vec::new(), step_delay: Duration::ZERO, fail_at_step: None, steps: 0 }
+        FakeModel { info, rule, kv: vec![None; slots], host: Vec::new(), draft: None, draft_steps: 0, step_delay: Duration::ZERO, fail_at_step: None, steps: 0 }
+    }
+
+    /// Adds a draft program proposing `k` tokens per step with `rule` (the model's own rule
+    /// makes a perfect draft).
+    pub fn with_draft(mut self, rule: Rule, k: usize) -> FakeModel {
+        self.info.draft_k = Some(k);
+        self.draft = Some((rule, vec![None; self.kv.len()], Vec::new()));
+        self
     }
 
     /// A small model: `vocab` ids, steps of 64 tokens × 8 sequences, 4-token pages.
     pub fn small(vocab: usize, total_pages: usize) -> FakeModel {
-        let info = ModelInfo { max_step_tokens: 64, max_step_seqs: 8, pages_per_seq: 64, page_tokens: 4, total_pages, vocab, logits: true, gpu_sampling: true, per_seq_state: false };
+        let info = ModelInfo { max_step_tokens: 64, max_step_seqs: 8, pages_per_seq: 64, page_tokens: 4, total_pages, vocab, logits: true, gpu_sampling: true, per_seq_state: false, draft_k: None };
         FakeModel::new(info, hash_rule(vocab))
     }
 
@@ -87,32 +105,46 @@ impl Model for FakeModel {
     }
 
     fn page_bytes(&self) -> usize {
-        self.info.page_tokens * 8
+        self.info.page_tokens * if self.draft.is_some() { 16 } else { 8 }
     }
 
     fn init_host_tier(&mut self, slots: usize) -> Result<(), ModelError> {
         self.host = vec![None; slots * self.info.page_tokens];
+        if let Some((_, _, dhost)) = self.draft.as_mut() {
+            *dhost = vec![None; slots * self.info.page_tokens];
+        }
         Ok(())
     }
 
     fn store_pages(&mut self, pairs: &[(u32, u32)]) -> Result<(), ModelError> {
         let pt = self.info.page_tokens;
-        for &(page, slot) in pairs {
-            for k in 0..pt {
-                self.host[slot as usize * pt + k] = self.kv[page as usize * pt + k];
-            }
+        copy_pages(&self.kv, &mut self.host, pairs, pt);
+        if let Some((_, dkv, dhost)) = self.draft.as_mut() {
+            copy_pages(dkv, dhost, pairs, pt);
         }
         Ok(())
     }
 
     fn restore_pages(&mut self, pairs: &[(u32, u32)]) -> Result<(), ModelError> {
         let pt = self.info.page_tokens;
-        for &(slot, page) in pairs {
-            for k in 0..pt {
-                self.kv[page as usize * pt + k] = self.host[slot as usize * pt + k];
-            }
+        copy_pages(&self.host, &mut self.kv, pairs, pt);
+        if let Some((_, dkv, dhost)) = self.draft.as_mut() {
+            copy_pages(dhost, dkv, pairs, pt);
         }
         Ok(())
+    }
+
+    fn draft_step(&mut self, st: &Step) -> Result<Vec<i32>, ModelError> {
+        let pt = self.info.page_tokens;
+        let Some((rule, dkv, _)) = self.draft.as_mut() else {
+            return Err(ModelError("this model declares no draft program".into()));
+        };
+        self.draft_steps += 1;
+        if st.temperature.iter().any(|&t| t != 0.0) {
+            return Err(ModelError("draft rows must be greedy".into()));
+        }
+        let ctxs = rows_from_store(dkv, pt, st, "draft KV")?;
+        Ok(ctxs.iter().map(|c| rule(c) as i32).collect())
     }
 
     fn step(&mut self, st: &Step, want_logits: bool) -> Result<StepOutput, ModelError> {
@@ -127,33 +159,12 @@ impl Model for FakeModel {
         if st.real_tokens > self.info.max_step_tokens.max(st.tokens) || st.num_seqs > self.info.max_step_seqs {
             return Err(ModelError(format!("step of {} tokens × {} seqs is above the model's maxima", st.tokens, st.num_seqs)));
         }
-        for t in 0..st.tokens {
-            let slot = st.slot_mapping[t];
-            if slot < 0 {
-                continue;
-            }
-            let slot = slot as usize;
-            if slot >= self.kv.len() {
-                return Err(ModelError(format!("slot {slot} outside the KV pool")));
-            }
-            self.kv[slot] = Some((st.token_ids[t] as u32, st.positions[t] as u32));
-        }
+        let ctxs = rows_from_store(&mut self.kv, pt, st, "KV")?;
         let mut sampled = Vec::with_capacity(st.real_seqs);
         let mut logits = want_logits.then(Vec::new);
-        for r in 0..st.real_seqs {
-            let len = st.seq_lens[r] as usize;
-            let mut ctx = Vec::with_capacity(len);
-            for p in 0..len {
-                let page = st.block_tables[r * st.pages + p / pt];
-                if page < 0 {
-                    return Err(ModelError(format!("row {r}: no page for position {p}")));
-                }
-                match self.kv[page as usize * pt + p % pt] {
-                    Some((tok, pos)) if pos as usize == p => ctx.push(tok),
-                    other => return Err(ModelError(format!("KV corruption: row {r} position {p} reads {other:?}"))),
-                }
-            }
-            let greedy = (self.rule)(&ctx);
+        for (r, ctx) in ctxs.iter().enumerate() {
+            let len = ctx.len();
+            let greedy = (self.rule)(ctx);
             let tok = if st.temperature[r] > 0.0 {
                 // Sampled: a function of (seed, position), like the real sampler's RNG stream.
                 let h = fnv(ctx.iter().map(|&t| t as u64).chain([st.seeds[r], len as u64, 0x5eed]));
@@ -168,4 +179,46 @@ impl Model for FakeModel {
         }
         Ok(StepOutput { sampled, logits })
     }
+}
+
+fn copy_pages(from: &Store, to: &mut Store, pairs: &[(u32, u32)], pt: usize) {
+    for &(a, b) in pairs {
+        for k in 0..pt {
+            to[b as usize * pt + k] = from[a as usize * pt + k];
+        }
+    }
+}
+
+/// Writes a step's new tokens into `store` where `slot_mapping` says, then reads each real row's
+/// context back through its block table; a slot never written, or holding another position, is
+/// corruption.
+fn rows_from_store(store: &mut Store, pt: usize, st: &Step, what: &str) -> Result<Vec<Vec<u32>>, ModelError> {
+    for t in 0..st.tokens {
+        let slot = st.slot_mapping[t];
+        if slot < 0 {
+            continue;
+        }
+        let slot = slot as usize;
+        if slot >= store.len() {
+            return Err(ModelError(format!("slot {slot} outside the {what} pool")));
+        }
+        store[slot] = Some((st.token_ids[t] as u32, st.positions[t] as u32));
+    }
+    let mut rows = Vec::with_capacity(st.real_seqs);
+    for r in 0..st.real_seqs {
+        let len = st.seq_lens[r] as usize;
+        let mut ctx = Vec::with_capacity(len);
+        for p in 0..len {
+            let page = st.block_tables[r * st.pages + p / pt];
+            if page < 0 {
+                return Err(ModelError(format!("row {r}: no page for position {p}")));
+            }
+            match store[page as usize * pt + p % pt] {
+                Some((tok, pos)) if pos as usize == p => ctx.push(tok),
+                other => return Err(ModelError(format!("{what} corruption: row {r} position {p} reads {other:?}"))),
+            }
+        }
+        rows.push(ctx);
+    }
+    Ok(rows)
 }

@@ -202,6 +202,7 @@ impl GpuModel {
             logits: step.logits.is_some(),
             gpu_sampling: step.sampling.is_some(),
             per_seq_state: m.states.iter().any(|s| matches!(s.size, kern_manifest::manifest::StateSize::PerSeq { .. })),
+            draft_k: None,
         };
         let nvars = m.vars.len();
         let tp = m.tp();

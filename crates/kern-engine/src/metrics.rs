@@ -30,6 +30,7 @@ pub struct Metrics {
     pub spec_drafts: Counter,
     pub spec_draft_tokens: Counter,
     pub spec_accepted: Counter,
+    pub spec_draft_steps: Counter,
     pub host_hits: Counter,
     pub stored_pages: Counter,
     pub restored_pages: Counter,
@@ -70,6 +71,7 @@ impl Metrics {
             spec_drafts: Counter::default(),
             spec_draft_tokens: Counter::default(),
             spec_accepted: Counter::default(),
+            spec_draft_steps: Counter::default(),
             host_hits: Counter::default(),
             stored_pages: Counter::default(),
             restored_pages: Counter::default(),
@@ -109,6 +111,7 @@ impl Metrics {
             r.register("kern:spec_decode_num_drafts", "Sequence-steps that verified draft tokens", m.spec_drafts.clone());
             r.register("kern:spec_decode_num_draft_tokens", "Draft tokens proposed", m.spec_draft_tokens.clone());
             r.register("kern:spec_decode_num_accepted_tokens", "Draft tokens accepted", m.spec_accepted.clone());
+            r.register("kern:spec_decode_num_draft_steps", "Steps of the draft program run", m.spec_draft_steps.clone());
             r.register("kern:kv_cache_cached_pages", "KV pages holding a cached prefix (in use or free)", m.cached_pages.clone());
             r.register("kern:request_success", "Finished requests by finish reason", m.success.clone());
             r.register("kern:time_to_first_token_seconds", "Time from arrival to the first generated token", m.ttft.clone());

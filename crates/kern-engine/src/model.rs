@@ -29,6 +29,9 @@ pub struct ModelInfo {
     /// Whether the model declares a per-sequence state (one slot per running sequence, e.g. a
     /// recurrent state). Its value at a prefix is not kept, so the prefix cache is off.
     pub per_seq_state: bool,
+    /// Draft tokens per verify step of the model's draft program (the manifest's
+    /// `speculative.k`); None when the model declares no draft program.
+    pub draft_k: Option<usize>,
 }
 
 impl ModelInfo {
@@ -66,6 +69,12 @@ pub trait Model {
 
     /// Runs one step; `want_logits` asks for the last-position logits too.
     fn step(&mut self, step: &Step, want_logits: bool) -> Result<StepOutput, ModelError>;
+
+    /// Runs one step of the draft program (`ModelInfo::draft_k` is set) on its own state;
+    /// returns each real row's greedy next token.
+    fn draft_step(&mut self, _step: &Step) -> Result<Vec<i32>, ModelError> {
+        Err(ModelError("this model declares no draft program (the manifest's `speculative` section)".into()))
+    }
 
     /// Bytes of one KV page over all per-token states; 0 when the model cannot copy pages (no
     /// host tier then).

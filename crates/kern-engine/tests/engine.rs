@@ -23,7 +23,7 @@ fn qwen3() -> Arc<Tokenizer> {
 const VOCAB: usize = 151_936;
 
 fn info(pages: usize, seqs: usize, tokens: usize) -> ModelInfo {
-    ModelInfo { max_step_tokens: tokens, max_step_seqs: seqs, pages_per_seq: 64, page_tokens: 4, total_pages: pages, vocab: VOCAB, logits: true, gpu_sampling: true, per_seq_state: false }
+    ModelInfo { max_step_tokens: tokens, max_step_seqs: seqs, pages_per_seq: 64, page_tokens: 4, total_pages: pages, vocab: VOCAB, logits: true, gpu_sampling: true, per_seq_state: false, draft_k: None }
 }
 
 fn start(model: FakeModel, cfg: EngineConfig, tok: bool) -> Engine {
@@ -308,6 +308,50 @@ fn a_model_with_a_per_sequence_state_computes_every_prompt_in_full() {
     }
 }
 
+/// A draft program (the fake's second per-token store, paged like `draft_kv`) proposing for a
+/// batch of requests, greedy and sampled, with preemption (a small pool) and the prefix cache
+/// (shared prompts): the same tokens as without drafts, and the model as its own draft is never
+/// rejected.
+#[test]
+fn a_draft_program_gives_the_same_tokens_and_a_perfect_draft_is_always_accepted() {
+    let rule = hash_rule(VOCAB);
+    let wrong: Rule = Arc::new(|ctx: &[u32]| ctx[ctx.len() / 2]);
+    let prompts: Vec<Vec<u32>> = (0..10u32).map(|i| (0..(6 + (i % 3) * 9)).map(|t| (t * 37 + (i % 4) * 101) % 1000).collect()).collect();
+    let run = |e: &Engine, temperature: f32| -> Vec<Vec<u32>> {
+        let hs: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| e.submit(Request { ignore_eos: true, sampling: Sampling { temperature, seed: Some(i as u64), ..Default::default() }, ..Request::new(p.clone(), 30) }).unwrap())
+            .collect();
+        hs.into_iter().map(|h| collect(h).tokens).collect()
+    };
+    // 30 pages of 4 tokens for 10 requests of up to 54 tokens: preemption.
+    let plain = start(FakeModel::new(info(30, 8, 64), rule.clone()), EngineConfig::default(), false);
+    let spec = Some(kern_sched::SpecConfig::program(0));
+    for (draft, perfect) in [(rule.clone(), true), (wrong, false)] {
+        let model = FakeModel::new(info(30, 8, 64), rule.clone()).with_draft(draft, 3);
+        let e = start(model, EngineConfig { spec: spec.clone(), offload_bytes: 64 * 64, ..Default::default() }, false);
+        assert_eq!(run(&e, 0.0), run(&plain, 0.0), "greedy, perfect draft {perfect}");
+        let (drafted, accepted) = (metric(&e, "kern:spec_decode_num_draft_tokens_total"), metric(&e, "kern:spec_decode_num_accepted_tokens_total"));
+        assert!(drafted > 100.0 && metric(&e, "kern:spec_decode_num_draft_steps_total") > 0.0, "drafts were proposed and verified ({drafted})");
+        if perfect {
+            assert_eq!(accepted, drafted, "the model as its own draft is right every time greedy ({accepted} of {drafted})");
+        } else {
+            assert!(accepted < drafted, "a wrong draft is rejected ({accepted} of {drafted})");
+        }
+        // Sampled: the greedy draft is a one-hot proposal; the output is still the target's.
+        assert_eq!(run(&e, 0.8), run(&plain, 0.8), "sampled, perfect draft {perfect}");
+        assert!(metric(&e, "kern:num_preemptions_total") > 0.0, "the pool is small enough to preempt");
+    }
+}
+
+#[test]
+fn a_draft_program_is_refused_clearly_when_the_model_has_none() {
+    let e = Engine::start(EngineConfig { spec: Some(kern_sched::SpecConfig::program(0)), ..Default::default() }, None, move || Ok(Box::new(FakeModel::new(info(64, 8, 64), hash_rule(VOCAB))) as Box<dyn Model>));
+    let err = e.wait_ready().unwrap_err().to_string();
+    assert!(err.contains("declares none") && err.contains("kern pack --draft"), "{err}");
+}
+
 #[test]
 fn speculative_decoding_gives_the_same_tokens_greedy_and_sampled() {
     // Copy the token 6 back unless a hash says otherwise: n-gram drafts are often right.
@@ -315,7 +359,7 @@ fn speculative_decoding_gives_the_same_tokens_greedy_and_sampled() {
         let h = ctx.iter().fold(7u64, |h, &t| h.wrapping_mul(31).wrapping_add(t as u64));
         if ctx.len() >= 6 && h % 8 != 0 { ctx[ctx.len() - 6] } else { (h % 1000) as u32 }
     });
-    let spec = kern_sched::SpecConfig { k: 4, min_n: 1, max_n: 3 };
+    let spec = kern_sched::SpecConfig { k: 4, min_n: 1, max_n: 3, drafter: kern_sched::Drafter::Ngram };
     // 64 rows per step: room for every sequence's drafts.
     let plain = start(FakeModel::new(info(512, 64, 256), copy.clone()), EngineConfig::default(), false);
     let fast = start(FakeModel::new(info(512, 64, 256), copy.clone()), EngineConfig { spec: Some(spec), ..Default::default() }, false);

@@ -47,7 +47,7 @@ struct Server {
 
 async fn server(o: Opts) -> Server {
     let tok = qwen3();
-    let info = ModelInfo { max_step_tokens: 256, max_step_seqs: o.seqs, pages_per_seq: 256, page_tokens: 4, total_pages: o.pages, vocab: VOCAB, logits: true, gpu_sampling: true, per_seq_state: false };
+    let info = ModelInfo { max_step_tokens: 256, max_step_seqs: o.seqs, pages_per_seq: 256, page_tokens: 4, total_pages: o.pages, vocab: VOCAB, logits: true, gpu_sampling: true, per_seq_state: false, draft_k: None };
     let rule = o.rule.unwrap_or_else(|| hash_rule(VOCAB));
     let (delay, fail) = (o.delay_ms, o.fail_at);
     let cfg = EngineConfig { eos: tok.eos_ids().to_vec(), max_queue: o.max_queue, ..Default::default() };

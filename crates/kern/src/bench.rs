@@ -66,10 +66,10 @@ fn check_args(a: &Args) -> Result<()> {
 
 pub fn run(a: Args) -> Result<ExitCode> {
     check_args(&a)?;
-    let spec = (a.spec_ngram > 0).then_some(kern_sched::SpecConfig { k: a.spec_ngram, min_n: 2, max_n: 4 });
+    let spec = (a.spec_ngram > 0).then_some(kern_sched::SpecConfig::ngram(a.spec_ngram));
     let cfg = EngineConfig { record_steps: true, prefix_cache: false, spec, ..Default::default() };
     let (engine, name) = if a.fake {
-        let info = ModelInfo { max_step_tokens: 8192, max_step_seqs: 256, pages_per_seq: 4096, page_tokens: 16, total_pages: 1 << 16, vocab: 1000, logits: false, gpu_sampling: true, per_seq_state: false };
+        let info = ModelInfo { max_step_tokens: 8192, max_step_seqs: 256, pages_per_seq: 4096, page_tokens: 16, total_pages: 1 << 16, vocab: 1000, logits: false, gpu_sampling: true, per_seq_state: false, draft_k: None };
         let e = Engine::start(cfg, None, move || {
             let mut m = FakeModel::new(info, hash_rule(1000));
             m.step_delay = Duration::from_micros(200);

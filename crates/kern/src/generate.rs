@@ -141,7 +141,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_batched_tokens: args.chunk,
         eos: tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),
         prefix_cache: !args.no_prefix_cache,
-        spec: (args.spec_ngram > 0).then_some(kern_sched::SpecConfig { k: args.spec_ngram, min_n: 2, max_n: 4 }),
+        spec: (args.spec_ngram > 0).then_some(kern_sched::SpecConfig::ngram(args.spec_ngram)),
         ..Default::default()
     };
     let engine = Engine::start(cfg, tokenizer.clone(), loader(dir.clone(), opts, report.clone()));

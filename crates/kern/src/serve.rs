@@ -145,7 +145,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_queue: args.max_queue,
         eos: tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),
         prefix_cache: !args.no_prefix_cache,
-        spec: (args.spec_ngram > 0).then_some(kern_sched::SpecConfig { k: args.spec_ngram, min_n: 2, max_n: 4 }),
+        spec: (args.spec_ngram > 0).then_some(kern_sched::SpecConfig::ngram(args.spec_ngram)),
         offload_bytes: (args.offload_gib.max(0.0) * (1u64 << 30) as f64) as u64,
         record_steps: false,
     };
@@ -159,7 +159,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let report = Arc::new(Mutex::new(None));
         let engine = if args.fake {
             let vocab = tokenizer.as_ref().map_or(151_936, |t| t.vocab_size());
-            let info = ModelInfo { max_step_tokens: 256, max_step_seqs: 64, pages_per_seq: 256, page_tokens: 4, total_pages: args.fake_pages, vocab, logits: true, gpu_sampling: true, per_seq_state: false };
+            let info = ModelInfo { max_step_tokens: 256, max_step_seqs: 64, pages_per_seq: 256, page_tokens: 4, total_pages: args.fake_pages, vocab, logits: true, gpu_sampling: true, per_seq_state: false, draft_k: None };
             let (fail, delay) = (args.fake_fail_at_step, Duration::from_millis(args.fake_step_ms));
             Engine::start(cfg, tokenizer.clone(), move || {
                 let mut m = FakeModel::new(info, hash_rule(vocab));
