@@ -572,7 +572,8 @@ impl Runtime {
     /// **Staging reuse.** Before refilling the staging buffer this waits for an event recorded
     /// after the previous upload's copies, so bytes still in flight are never overwritten.
     /// That wait is free in a step loop (the previous step's readback has synchronized the
-    /// stream) and never waits for a run: the event precedes the run on the stream.
+    /// stream), and it never waits for the run queued after the previous upload: the event
+    /// precedes that run on the stream.
     pub fn upload(&mut self, writes: &[(kern_manifest::manifest::BufferId, &[u8])]) -> Result<()> {
         let mut dsts = Vec::with_capacity(writes.len());
         for &(b, bytes) in writes {
