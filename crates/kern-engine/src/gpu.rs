@@ -102,21 +102,41 @@ impl Exec {
         }
     }
 
-    fn write_buffer(&self, b: BufferId, bytes: &[u8]) -> kern_runtime::Result<()> {
+    /// Step inputs: one pinned staging upload, asynchronous on the stream (every rank's).
+    fn upload(&mut self, writes: &[(BufferId, &[u8])]) -> kern_runtime::Result<()> {
         match self {
-            Exec::One(r) => r.write_buffer(b, bytes),
-            Exec::Tp(p) => p.write_buffer(b, bytes),
+            Exec::One(r) => r.upload(writes),
+            Exec::Tp(p) => p.upload(writes),
         }
     }
 
-    fn read_buffer(&self, b: BufferId, len: usize) -> kern_runtime::Result<Vec<u8>> {
-        self.first().read_buffer(b, len)
+    /// Waits for the stream (rank 0's) and reads the first `dst.len()` bytes of `b`.
+    fn read_into(&self, b: BufferId, dst: &mut [u8]) -> kern_runtime::Result<()> {
+        match self {
+            Exec::One(r) => r.read_into(b, dst),
+            Exec::Tp(p) => p.read_into(b, dst),
+        }
     }
 
     fn run(&mut self, prog: usize, vars: &[i64], mode: Mode) -> kern_runtime::Result<kern_runtime::RunStats> {
         match self {
             Exec::One(r) => r.run(prog, vars, mode),
             Exec::Tp(p) => Ok(p.run(prog, vars, mode)?.swap_remove(0)),
+        }
+    }
+
+    /// Queues a run without waiting for it (the readback that follows waits once).
+    fn enqueue_run(&mut self, prog: usize, vars: &[i64], mode: Mode) -> kern_runtime::Result<()> {
+        match self {
+            Exec::One(r) => r.enqueue_run(prog, vars, mode).map(|_| ()),
+            Exec::Tp(p) => p.enqueue_run(prog, vars, mode).map(|_| ()),
+        }
+    }
+
+    fn last_gpu_ms(&self) -> kern_runtime::Result<Option<f32>> {
+        match self {
+            Exec::One(r) => r.last_gpu_ms(),
+            Exec::Tp(p) => p.last_gpu_ms(),
         }
     }
 
@@ -130,6 +150,8 @@ pub struct GpuModel {
     pools: Vec<PagedPool>,
     offload: Option<Offload>,
     step: StepAbi,
+    /// The draft program (`speculative`): its index and its step bindings.
+    draft: Option<(usize, StepAbi)>,
     info: ModelInfo,
     graphs: bool,
     capture_at_start: bool,
@@ -202,9 +224,10 @@ impl GpuModel {
             logits: step.logits.is_some(),
             gpu_sampling: step.sampling.is_some(),
             per_seq_state: m.states.iter().any(|s| matches!(s.size, kern_manifest::manifest::StateSize::PerSeq { .. })),
-            draft_k: None,
+            draft_k: m.speculative.as_ref().map(|s| s.k as usize),
         };
         let nvars = m.vars.len();
+        let draft = m.speculative.as_ref().map(|s| (s.draft, s.step.clone()));
         let tp = m.tp();
         let rt = if tp > 1 {
             // Every rank gets the same plan (the same budget), so page ids mean the same KV
@@ -254,34 +277,72 @@ impl GpuModel {
             (None, _) => 0,
         };
         let report = LoadReport { device_name: props.name.clone(), weight_bytes, load_secs: t0.elapsed().as_secs_f64(), pages, page_tokens };
-        Ok(GpuModel { rt, pools, offload: None, step, info, graphs: opts.graphs, capture_at_start: opts.capture_at_start, last_gpu_ms: None, nvars, report, _ctx: ctx })
+        Ok(GpuModel { rt, pools, offload: None, step, draft, info, graphs: opts.graphs, capture_at_start: opts.capture_at_start, last_gpu_ms: None, nvars, report, _ctx: ctx })
     }
 
-    fn write(&self, b: BufferId, bytes: Vec<u8>) -> Result<(), ModelError> {
-        self.rt.write_buffer(b, &bytes).map_err(err)
-    }
-
-    fn upload(&self, st: &Step) -> Result<(), ModelError> {
-        let s = &self.step;
+    /// Copies the step's arrays into the buffers `abi` binds: one asynchronous upload from
+    /// pinned staging (no host wait; the run queued next on the same stream reads them).
+    fn upload_with(&mut self, st: &Step, abi: &StepAbi) -> Result<(), ModelError> {
         let i32s = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        self.write(s.token_ids, i32s(&st.token_ids))?;
-        self.write(s.positions, i32s(&st.positions))?;
-        self.write(s.seq_lens, i32s(&st.seq_lens))?;
-        self.write(s.query_start, i32s(&st.query_start))?;
-        self.write(s.slot_mapping, i32s(&st.slot_mapping))?;
-        self.write(s.block_tables, i32s(&st.block_tables))?;
-        self.write(s.last_token, i32s(&st.last_token))?;
-        if let Some(b) = s.seq_slots {
-            self.write(b, i32s(&st.seq_slots))?;
+        let mut writes: Vec<(BufferId, Vec<u8>)> = vec![
+            (abi.token_ids, i32s(&st.token_ids)),
+            (abi.positions, i32s(&st.positions)),
+            (abi.seq_lens, i32s(&st.seq_lens)),
+            (abi.query_start, i32s(&st.query_start)),
+            (abi.slot_mapping, i32s(&st.slot_mapping)),
+            (abi.block_tables, i32s(&st.block_tables)),
+            (abi.last_token, i32s(&st.last_token)),
+        ];
+        if let Some(b) = abi.seq_slots {
+            writes.push((b, i32s(&st.seq_slots)));
         }
-        if let Some(sm) = &s.sampling {
-            self.write(sm.temperature, f32s(&st.temperature))?;
-            self.write(sm.top_k, i32s(&st.top_k))?;
-            self.write(sm.top_p, f32s(&st.top_p))?;
-            self.write(sm.seeds, st.seeds.iter().flat_map(|x| x.to_le_bytes()).collect())?;
+        if let Some(sm) = &abi.sampling {
+            writes.push((sm.temperature, f32s(&st.temperature)));
+            writes.push((sm.top_k, i32s(&st.top_k)));
+            writes.push((sm.top_p, f32s(&st.top_p)));
+            writes.push((sm.seeds, st.seeds.iter().flat_map(|x| x.to_le_bytes()).collect()));
         }
-        Ok(())
+        let refs: Vec<(BufferId, &[u8])> = writes.iter().map(|(b, v)| (*b, v.as_slice())).collect();
+        self.rt.upload(&refs).map_err(err)
+    }
+
+    fn upload(&mut self, st: &Step) -> Result<(), ModelError> {
+        let abi = self.step.clone();
+        self.upload_with(st, &abi)
+    }
+
+    /// One step of program `prog` (bound by `abi`): upload, queue the run (a replayed graph for
+    /// decode-shaped steps), then one wait — the readback of `sampled` (and `logits` when asked
+    /// for). A step without real rows (graph capture at start) waits for the run itself.
+    fn run_step(&mut self, prog: usize, abi: &StepAbi, st: &Step, want_logits: bool) -> Result<StepOutput, ModelError> {
+        self.guard_pending_stores(st)?;
+        self.upload_with(st, abi)?;
+        let mut vars = vec![1i64; self.nvars];
+        vars[abi.tokens.0] = st.tokens as i64;
+        vars[abi.seqs.0] = st.num_seqs as i64;
+        vars[abi.pages.0] = self.info.pages_per_seq as i64;
+        let mode = if st.is_decode() && self.graphs { Mode::Graph } else { Mode::Eager { sync_each: false } };
+        if st.real_seqs == 0 {
+            let stats = self.rt.run(prog, &vars, mode).map_err(err)?;
+            self.last_gpu_ms = Some(stats.gpu_ms);
+            return Ok(StepOutput::default());
+        }
+        self.rt.enqueue_run(prog, &vars, mode).map_err(err)?;
+        let mut bytes = vec![0u8; st.real_seqs * 4];
+        self.rt.read_into(abi.sampled, &mut bytes).map_err(err)?;
+        // Free now: the readback has waited for the run.
+        self.last_gpu_ms = self.rt.last_gpu_ms().map_err(err)?;
+        let sampled = bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let logits = match (want_logits, abi.logits) {
+            (true, Some(b)) => {
+                let mut bytes = vec![0u8; st.real_seqs * self.info.vocab * 4];
+                self.rt.read_into(b, &mut bytes).map_err(err)?;
+                Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            }
+            _ => None,
+        };
+        Ok(StepOutput { sampled, logits })
     }
 
     /// Makes the compute stream wait for stores still in flight when this step writes one of
@@ -499,28 +560,17 @@ impl Model for GpuModel {
     }
 
     fn step(&mut self, st: &Step, want_logits: bool) -> Result<StepOutput, ModelError> {
-        self.guard_pending_stores(st)?;
-        self.upload(st)?;
-        let mut vars = vec![1i64; self.nvars];
-        vars[self.step.tokens.0] = st.tokens as i64;
-        vars[self.step.seqs.0] = st.num_seqs as i64;
-        vars[self.step.pages.0] = self.info.pages_per_seq as i64;
-        let graph = st.is_decode() && self.graphs;
-        let stats = self.rt.run(0, &vars, if graph { Mode::Graph } else { Mode::Eager { sync_each: false } }).map_err(err)?;
-        self.last_gpu_ms = Some(stats.gpu_ms);
-        let bytes = self.rt.read_buffer(self.step.sampled, st.real_seqs * 4).map_err(err)?;
-        let sampled = bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        let logits = match (want_logits, self.step.logits) {
-            (true, Some(b)) => {
-                let bytes = self.rt.read_buffer(b, st.real_seqs * self.info.vocab * 4).map_err(err)?;
-                Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
-            }
-            _ => None,
-        };
-        Ok(StepOutput { sampled, logits })
+        let abi = self.step.clone();
+        self.run_step(0, &abi, st, want_logits)
     }
 
-    /// Captures the graph of every decode bucket with an all-padding step (no KV is written).
+    fn draft_step(&mut self, st: &Step) -> Result<Vec<i32>, ModelError> {
+        let (prog, abi) = self.draft.clone().ok_or_else(|| err("this model declares no draft program (the manifest's `speculative` section)"))?;
+        Ok(self.run_step(prog, &abi, st, false)?.sampled)
+    }
+
+    /// Captures the graph of every decode bucket (the draft program's too) with an all-padding
+    /// step (no KV is written).
     fn warm_up(&mut self, progress: &mut dyn FnMut(usize, usize)) -> Result<(), ModelError> {
         if !(self.graphs && self.capture_at_start) {
             return Ok(());
@@ -536,6 +586,9 @@ impl Model for GpuModel {
         for (i, &b) in buckets.iter().enumerate() {
             let st = Step::padding(b, b, self.info.pages_per_seq, self.info.page_tokens);
             self.step(&st, false)?;
+            if self.draft.is_some() {
+                self.draft_step(&st)?;
+            }
             progress(i + 1, buckets.len());
         }
         Ok(())

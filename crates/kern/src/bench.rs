@@ -33,10 +33,9 @@ pub struct Args {
     /// Decode steps run before timing (graph capture, caches).
     #[arg(long, default_value_t = 8)]
     warmup: usize,
-    /// Speculative decoding with n-gram drafts (K draft tokens at most; 0: off); the report adds
-    /// the acceptance.
-    #[arg(long, default_value_t = 0, value_name = "K")]
-    spec_ngram: usize,
+    /// Speculative decoding (the report adds the acceptance).
+    #[command(flatten)]
+    spec: crate::spec::SpecArgs,
     /// Benchmark the prefill of one prompt of this many tokens instead of decode.
     #[arg(long)]
     prompt_tokens: Option<usize>,
@@ -66,12 +65,16 @@ fn check_args(a: &Args) -> Result<()> {
 
 pub fn run(a: Args) -> Result<ExitCode> {
     check_args(&a)?;
-    let spec = (a.spec_ngram > 0).then_some(kern_sched::SpecConfig::ngram(a.spec_ngram));
+    let spec = a.spec.config()?;
     let cfg = EngineConfig { record_steps: true, prefix_cache: false, spec, ..Default::default() };
     let (engine, name) = if a.fake {
         let info = ModelInfo { max_step_tokens: 8192, max_step_seqs: 256, pages_per_seq: 4096, page_tokens: 16, total_pages: 1 << 16, vocab: 1000, logits: false, gpu_sampling: true, per_seq_state: false, draft_k: None };
+        let draft = a.spec.spec_draft;
         let e = Engine::start(cfg, None, move || {
             let mut m = FakeModel::new(info, hash_rule(1000));
+            if draft {
+                m = m.with_draft(hash_rule(1000), 4);
+            }
             m.step_delay = Duration::from_micros(200);
             Ok(Box::new(m) as Box<dyn Model>)
         });
@@ -106,7 +109,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
             if a.batch > info.max_seqs {
                 bail!("--batch {} is above the model's {} sequences per step (pack it with a larger --max-seqs)", a.batch, info.max_seqs);
             }
-            let max_tokens = a.warmup + a.steps + 1;
+            // With drafts a step generates up to k + 1 tokens per sequence: ask for enough.
+            let per_step = match a.spec.config()? {
+                Some(sp) if sp.k == 0 => info.model.draft_k.unwrap_or(16) + 1,
+                Some(sp) => sp.k + 1,
+                None => 1,
+            };
+            let max_tokens = ((a.warmup + a.steps + 1) * per_step).min(info.limits.max_context.saturating_sub(a.context).max(1));
             let mut hs = Vec::new();
             for i in 0..a.batch {
                 hs.push(engine.submit(Request { ignore_eos: true, ..Request::new(prompt(i as u64 + 1, a.context), max_tokens) }).map_err(|e| anyhow!("sequence {i}: {e}"))?);
@@ -134,7 +143,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         summarize(&records, info.weight_bytes, info.state_bytes_per_token, info.copy_gbs)
     };
     let m = engine.metrics();
-    let spec = (a.spec_ngram > 0).then(|| (m.spec_draft_tokens.get(), m.spec_accepted.get()));
+    let spec = a.spec.config()?.map(|_| (m.spec_draft_tokens.get(), m.spec_accepted.get(), m.spec_draft_steps.get()));
     report(&a, kind, batch, &name, &info, &s, spec);
     engine.drain();
     engine.join();
@@ -152,7 +161,7 @@ fn drain(h: &mut kern_engine::RequestHandle) -> Result<()> {
     }
 }
 
-fn report(a: &Args, kind: &str, batch: usize, name: &str, info: &kern_engine::EngineInfo, s: &Summary, spec: Option<(u64, u64)>) {
+fn report(a: &Args, kind: &str, batch: usize, name: &str, info: &kern_engine::EngineInfo, s: &Summary, spec: Option<(u64, u64, u64)>) {
     let gb = |b: f64| b / 1e9;
     if a.json {
         let j = serde_json::json!({
@@ -161,7 +170,7 @@ fn report(a: &Args, kind: &str, batch: usize, name: &str, info: &kern_engine::En
             "median_ms": s.median_ms, "p90_ms": s.p90_ms, "tokens_per_step": s.tokens_per_step, "tok_per_s": s.tok_per_s,
             "bytes_per_step": s.bytes_per_step, "weight_bytes": info.weight_bytes, "copy_gbs": info.copy_gbs,
             "floor_ms": s.floor_ms, "fraction_of_floor": s.fraction,
-            "spec_draft_tokens": spec.map(|x| x.0), "spec_accepted_tokens": spec.map(|x| x.1),
+            "spec_draft_tokens": spec.map(|x| x.0), "spec_accepted_tokens": spec.map(|x| x.1), "spec_draft_steps": spec.map(|x| x.2),
         });
         println!("{j}");
         return;
@@ -177,7 +186,7 @@ fn report(a: &Args, kind: &str, batch: usize, name: &str, info: &kern_engine::En
             println!("kern bench: decode, batch {batch}, context {} (+{} timed steps after {} warm-up), {name}", a.context, a.steps, a.warmup);
             println!("  step      median {:.3} ms   p90 {:.3} ms   ({} steps, {timing})", s.median_ms, s.p90_ms, s.steps);
             println!("  tok/s     {:.1}", s.tok_per_s);
-            if let Some((drafted, accepted)) = spec {
+            if let Some((drafted, accepted, _)) = spec {
                 println!("  drafts    {accepted} of {drafted} accepted ({:.1}%), {:.2} tokens per sequence-step", if drafted > 0 { 100.0 * accepted as f64 / drafted as f64 } else { 0.0 }, s.tokens_per_step / batch as f64);
             }
             match (s.floor_ms, info.copy_gbs, s.fraction) {

@@ -57,10 +57,8 @@ pub struct Args {
     /// Prefill chunk: most new tokens per step (default: the manifest's `tokens` max).
     #[arg(long)]
     chunk: Option<usize>,
-    /// Speculative decoding with prompt-lookup drafts: up to K draft tokens per step, taken from
-    /// the earlier continuation of the sequence's last 2–4 tokens (0: off). Output is unchanged.
-    #[arg(long, default_value_t = 0, value_name = "K")]
-    spec_ngram: usize,
+    #[command(flatten)]
+    spec: crate::spec::SpecArgs,
     /// Do not reuse the KV pages of prompt prefixes the prompts share.
     #[arg(long)]
     no_prefix_cache: bool,
@@ -141,7 +139,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_batched_tokens: args.chunk,
         eos: tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),
         prefix_cache: !args.no_prefix_cache,
-        spec: (args.spec_ngram > 0).then_some(kern_sched::SpecConfig::ngram(args.spec_ngram)),
+        spec: args.spec.config()?,
         ..Default::default()
     };
     let engine = Engine::start(cfg, tokenizer.clone(), loader(dir.clone(), opts, report.clone()));
@@ -224,14 +222,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
         if ph.decode.steps > 0 { ph.decode.secs * 1000.0 / ph.decode.steps as f64 } else { 0.0 },
         if args.no_graph { ", eager" } else { ", CUDA graphs" }
     );
-    if args.spec_ngram > 0 {
+    if let Some(sp) = args.spec.config()? {
         let m = engine.metrics();
         let (drafted, accepted) = (m.spec_draft_tokens.get(), m.spec_accepted.get());
+        let steps = m.spec_draft_steps.get();
         eprintln!(
-            "speculative (n-gram, k = {}): {accepted} of {drafted} draft tokens accepted ({:.1}%) in {} verify rows",
-            args.spec_ngram,
+            "speculative ({}): {accepted} of {drafted} draft tokens accepted ({:.1}%) in {} sequence verifications{}",
+            crate::spec::SpecArgs::describe(&sp),
             if drafted > 0 { 100.0 * accepted as f64 / drafted as f64 } else { 0.0 },
-            m.spec_drafts.get()
+            m.spec_drafts.get(),
+            if steps > 0 { format!(", {steps} draft-program steps") } else { String::new() }
         );
     }
     let vocab = engine.info().map_or(0, |i| i.model.vocab);

@@ -14,6 +14,7 @@ mod profile;
 mod run;
 mod selftest;
 mod serve;
+mod spec;
 mod test;
 
 use clap::{Parser, Subcommand};

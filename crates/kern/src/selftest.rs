@@ -46,7 +46,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     eprintln!("kern selftest on {} ({arch}, {} SMs, driver {})", p.name, p.sm_count, ctx.driver_version());
     std::fs::create_dir_all(&args.scratch).with_context(|| format!("cannot create {}", args.scratch.display()))?;
     let mut s = Suite { ctx, arch, args, rows: Vec::new() };
-    let checks: Vec<(&str, fn(&mut Suite) -> Result<String>)> = vec![
+    type Check = fn(&mut Suite) -> Result<String>;
+    let checks: Vec<(&str, Check)> = vec![
         ("vecadd example (seed §3/§6)", Suite::vecadd),
         ("kernel extracted from a host .so", Suite::so_extract),
         ("Triton kernel, hidden scratch params = null", Suite::triton),

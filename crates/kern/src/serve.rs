@@ -50,10 +50,8 @@ pub struct Args {
     /// Most logprob alternatives per token a request may ask for.
     #[arg(long, default_value_t = 20)]
     max_logprobs: usize,
-    /// Speculative decoding with prompt-lookup drafts: up to K draft tokens per step, taken from
-    /// the earlier continuation of the sequence's last 2–4 tokens (0: off). Output is unchanged.
-    #[arg(long, default_value_t = 0, value_name = "K")]
-    spec_ngram: usize,
+    #[command(flatten)]
+    spec: crate::spec::SpecArgs,
     /// Do not reuse the KV pages of prompt prefixes computed before.
     #[arg(long)]
     no_prefix_cache: bool,
@@ -145,7 +143,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_queue: args.max_queue,
         eos: tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),
         prefix_cache: !args.no_prefix_cache,
-        spec: (args.spec_ngram > 0).then_some(kern_sched::SpecConfig::ngram(args.spec_ngram)),
+        spec: args.spec.config()?,
         offload_bytes: (args.offload_gib.max(0.0) * (1u64 << 30) as f64) as u64,
         record_steps: false,
     };
@@ -161,8 +159,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let vocab = tokenizer.as_ref().map_or(151_936, |t| t.vocab_size());
             let info = ModelInfo { max_step_tokens: 256, max_step_seqs: 64, pages_per_seq: 256, page_tokens: 4, total_pages: args.fake_pages, vocab, logits: true, gpu_sampling: true, per_seq_state: false, draft_k: None };
             let (fail, delay) = (args.fake_fail_at_step, Duration::from_millis(args.fake_step_ms));
+            let draft = args.spec.spec_draft;
             Engine::start(cfg, tokenizer.clone(), move || {
                 let mut m = FakeModel::new(info, hash_rule(vocab));
+                if draft {
+                    // The fake's own rule as its draft (always right, greedy).
+                    m = m.with_draft(hash_rule(vocab), 4);
+                }
                 m.fail_at_step = fail;
                 m.step_delay = delay;
                 Ok(Box::new(m) as Box<dyn Model>)

@@ -23,6 +23,13 @@ fn decode_and_prefill_reports() {
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert!(v["spec_draft_tokens"].is_u64() && v["spec_accepted_tokens"].is_u64(), "{v}");
     assert_eq!(v["steps"], 4);
+    // The fake's draft program is the model itself: every draft is accepted.
+    let (code, out, err) = kern(&["bench", "--fake", "--batch", "2", "--steps", "4", "--spec-draft", "--spec-k", "3", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let (drafted, accepted) = (v["spec_draft_tokens"].as_u64().unwrap(), v["spec_accepted_tokens"].as_u64().unwrap());
+    assert!(drafted > 0 && accepted == drafted && v["spec_draft_steps"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["tokens_per_step"].as_f64().unwrap() > 2.0, "several tokens per sequence and step: {v}");
     let (code, out, err) = kern(&["bench", "--fake", "--prompt-tokens", "300"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("prefill of one 300-token prompt") && out.contains("tok/s"), "{out}");
