@@ -1,7 +1,8 @@
 //! `kern pack --config config.json -o DIR`: write a model's manifest (and the kernels it
 //! references) with the model pack that serves the config's `model_type`; `kern pack --gguf
 //! FILE -o DIR`: the same from a GGUF file's metadata, with weight sources naming its tensors
-//! and the file linked into DIR; `kern random-weights`:
+//! and the file linked into DIR; either with `--draft self|layer-skip:L` adds a draft program
+//! for speculative decoding (docs/speculative.md); `kern random-weights`:
 //! seeded random weights with real shapes for benchmarks and parity tests. The engine knows no
 //! model: this module only dispatches to the packs by `model_type`.
 
@@ -15,7 +16,7 @@ const PACKS: &[(&str, &str)] = &[("qwen3", "qwen3 (packs/qwen3)"), ("qwen2", "qw
 /// Write a model's manifest from its Hugging Face config.json or from a GGUF file, with the
 /// pack for its model type.
 #[derive(clap::Args)]
-#[command(after_help = "Examples:\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B\n  kern pack --gguf qwen2.5-coder-0.5b-instruct-q4_k_m.gguf -o ~/models/qwen2.5-coder\n\nWith --gguf, DIR gets model.json, the cubins, config.json (for reference) and a symbolic link to\nthe GGUF file (none when the file is already in DIR): kern loads the weights from it,\ndequantizing to bf16.")]
+#[command(after_help = "Examples:\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B\n  kern pack --gguf qwen2.5-coder-0.5b-instruct-q4_k_m.gguf -o ~/models/qwen2.5-coder\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B --draft layer-skip:9 --draft-k 4\n\nWith --gguf, DIR gets model.json, the cubins, config.json (for reference) and a symbolic link to\nthe GGUF file (none when the file is already in DIR): kern loads the weights from it,\ndequantizing to bf16.")]
 pub struct Args {
     /// The model's Hugging Face config.json.
     #[arg(long, conflicts_with = "gguf", required_unless_present = "gguf")]
@@ -47,6 +48,16 @@ pub struct Args {
     /// docs/tensor-parallel.md). `--tp 1` keeps the collectives over a world of one.
     #[arg(long)]
     tp: Option<u64>,
+    /// Speculative decoding with a draft that needs no weights of its own (docs/speculative.md):
+    /// `self` (the whole target again, with its own KV: a correctness test, slower than no
+    /// speculation) or `layer-skip:L` (the target's first L decoder layers, then its final norm
+    /// and LM head). The manifest gets the draft program, its `draft_kv` state and a
+    /// `speculative` section; serve it with --spec-draft.
+    #[arg(long, value_name = "KIND")]
+    draft: Option<kern_pack_qwen3::DraftKind>,
+    /// Draft tokens per verify step, 1 to 16 (the manifest's `speculative.k`; default 4).
+    #[arg(long, value_name = "K", requires = "draft")]
+    draft_k: Option<u64>,
 }
 
 fn model_type(config: &Path) -> Result<String> {
@@ -60,15 +71,21 @@ fn model_type(config: &Path) -> Result<String> {
     Ok(t.to_string())
 }
 
-pub fn run(args: Args) -> Result<ExitCode> {
-    let opts = kern_pack_qwen3::PackOptions {
+/// The pack options `args` ask for (both the --config and the --gguf path).
+fn options(args: &Args) -> kern_pack_qwen3::PackOptions {
+    kern_pack_qwen3::PackOptions {
         kernels: args.kernels.clone(),
         max_tokens: args.max_tokens,
         max_seqs: args.max_seqs,
         max_context: args.max_context,
         page_tokens: args.page_tokens,
         tp: args.tp,
-    };
+        draft: args.draft.map(|kind| kern_pack_qwen3::Draft { kind, k: args.draft_k.unwrap_or(kern_pack_qwen3::manifest::DEFAULT_DRAFT_K) }),
+    }
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let opts = options(&args);
     if let Some(file) = &args.gguf {
         return run_gguf(file, &opts, &args.out);
     }
@@ -220,4 +237,77 @@ pub fn random(args: RandomArgs) -> Result<ExitCode> {
     bar.finish();
     eprintln!("wrote {} (config.json + safetensors, seed {})", args.out.display(), args.seed);
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use kern_pack_qwen3::{Draft, DraftKind};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        pack: Args,
+    }
+
+    fn parse(args: &[&str]) -> Result<Args, String> {
+        Cli::try_parse_from(std::iter::once("kern-pack").chain(args.iter().copied())).map(|c| c.pack).map_err(|e| e.to_string())
+    }
+
+    fn kernels() -> PathBuf {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/packs/qwen3");
+        assert!(p.join("rowwise.sm_90a.cubin").exists(), "pack kernels missing in {}: run packs/qwen3/build.sh", p.display());
+        p
+    }
+
+    /// `--draft` and `--draft-k` reach the pack options on both paths (--config, --gguf).
+    #[test]
+    fn draft_flags_reach_the_pack_options() {
+        for src in [["--config", "config.json"], ["--gguf", "model.gguf"]] {
+            let with = |rest: &[&str]| parse(&[&src[..], &["-o", "out"], rest].concat());
+            let draft = |rest: &[&str]| options(&with(rest).unwrap()).draft;
+            assert_eq!(draft(&[]), None);
+            assert_eq!(draft(&["--draft", "self"]), Some(Draft { kind: DraftKind::SelfDraft, k: 4 }), "k defaults to 4");
+            assert_eq!(draft(&["--draft", "layer-skip:3", "--draft-k", "8"]), Some(Draft { kind: DraftKind::LayerSkip(3), k: 8 }));
+            // Out-of-range k reaches the pack, which refuses it with the config in hand.
+            assert_eq!(draft(&["--draft", "self", "--draft-k", "17"]), Some(Draft { kind: DraftKind::SelfDraft, k: 17 }));
+            let e = with(&["--draft-k", "8"]).err().unwrap();
+            assert!(e.contains("--draft <KIND>"), "--draft-k alone: {e}");
+            let e = with(&["--draft", "medusa"]).err().unwrap();
+            assert!(e.contains("unknown draft kind `medusa`") && e.contains("supported: self, layer-skip:L"), "{e}");
+        }
+    }
+
+    /// `kern pack --config ... --draft` writes a manifest that passes the check (run() loads it
+    /// as `kern check` does), and refuses what cannot be drafted before writing anything.
+    #[test]
+    fn kern_pack_writes_draft_manifests_and_refuses_bad_drafts() {
+        let dir = std::env::temp_dir().join(format!("kern-pack-cli-draft-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = kern_pack_qwen3::config::preset("qwen3-0.6b").unwrap(); // 28 layers
+        let config = dir.join("config.json");
+        std::fs::write(&config, serde_json::to_string(&cfg.to_hf_json()).unwrap()).unwrap();
+        let kernels = kernels();
+        let pack = |out: &str, rest: &[&str]| {
+            let out = dir.join(out);
+            let base = ["--config", config.to_str().unwrap(), "-o", out.to_str().unwrap(), "--kernels", kernels.to_str().unwrap(), "--max-tokens", "64", "--max-seqs", "8", "--max-context", "512"];
+            run(parse(&[&base[..], rest].concat()).unwrap()).map(|_| out.join("model.json")).map_err(|e| format!("{e:#}"))
+        };
+        for (kind, layers) in [("layer-skip:7", 7u64), ("self", 28)] {
+            let path = pack(kind, &["--draft", kind, "--draft-k", "5"]).unwrap();
+            let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+            assert_eq!(m["speculative"], serde_json::json!({"draft": "draft", "k": 5}), "{kind}");
+            assert_eq!(m["states"]["draft_kv"]["bytes_per_token"], serde_json::json!(layers * 2 * 8 * 128 * 2), "{kind}");
+        }
+        let e = pack("bad", &["--draft", "layer-skip:28"]).unwrap_err();
+        assert!(e.contains("--draft layer-skip:28: L must be between 1 and 27"), "{e}");
+        let e = pack("bad", &["--draft", "self", "--tp", "2"]).unwrap_err();
+        assert!(e.contains("not supported with tensor parallelism yet"), "{e}");
+        let e = pack("bad", &["--draft", "self", "--draft-k", "0"]).unwrap_err();
+        assert!(e.contains("--draft-k 0: the draft proposes 1 to 16 tokens"), "{e}");
+        assert!(!dir.join("bad").exists(), "nothing is written for a refused draft");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

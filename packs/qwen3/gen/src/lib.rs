@@ -4,7 +4,9 @@
 //! * [`config`]: the Hugging Face `config.json` fields the pack reads, and presets with real
 //!   shapes (for random weights);
 //! * [`manifest`]: `kern pack` — a manifest (schema 4.1, step ABI 1) wiring the pack's kernels
-//!   (`packs/qwen3/kernels`, built by `packs/qwen3/build.sh`) into a decoder;
+//!   (`packs/qwen3/kernels`, built by `packs/qwen3/build.sh`) into a decoder, optionally with
+//!   a draft program for speculative decoding that reuses the target's weights ([`Draft`]:
+//!   `self`, `layer-skip:L`; docs/speculative.md);
 //! * [`gguf`]: the config from a GGUF file's metadata (`qwen2`, `qwen3`) and the Hugging Face
 //!   → GGUF tensor names, for `kern pack --gguf`;
 //! * [`random`]: seeded random weights in the Hugging Face safetensors layout plus a
@@ -16,7 +18,7 @@ pub mod manifest;
 pub mod random;
 
 pub use config::{Config, PRESETS};
-pub use manifest::{generate, generate_for_gguf, PackOptions};
+pub use manifest::{generate, generate_for_gguf, Draft, DraftKind, PackOptions};
 
 /// The `model_type` values this pack serves.
 pub const MODEL_TYPES: &[&str] = &["qwen3", "qwen2"];

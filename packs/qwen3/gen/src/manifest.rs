@@ -29,11 +29,106 @@ pub struct PackOptions {
     /// down, an all-reduce after each); `Some(1)` is a world of one with the collectives kept.
     /// `None`: the single-GPU manifest, unchanged.
     pub tp: Option<u64>,
+    /// Speculative decoding with a draft that needs no weights of its own (issue 18,
+    /// docs/speculative.md): the manifest gets the draft's program (`programs.draft`), its KV
+    /// state (`draft_kv`, on the same pages as `kv`) and the `speculative` section. `None`: the
+    /// manifest without them, unchanged.
+    pub draft: Option<Draft>,
 }
 
 impl Default for PackOptions {
     fn default() -> Self {
-        PackOptions { kernels: PathBuf::from("build/packs/qwen3"), max_tokens: 512, max_seqs: 64, max_context: 4096, page_tokens: 16, tp: None }
+        PackOptions { kernels: PathBuf::from("build/packs/qwen3"), max_tokens: 512, max_seqs: 64, max_context: 4096, page_tokens: 16, tp: None, draft: None }
+    }
+}
+
+/// A draft for speculative decoding written from the target's own weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DraftKind {
+    /// `self`: the target model itself, every layer, with its KV in `draft_kv`. Every round
+    /// runs the whole model k times before the verify step, so it is slower than no
+    /// speculation; it exists to test speculation end to end (greedy acceptance must be 100%).
+    SelfDraft,
+    /// `layer-skip:L`: the first `L` decoder layers of the target, then its final norm, LM head
+    /// and sampling (an early exit): L / num_layers of the layers' weight reads per draft token.
+    LayerSkip(u64),
+}
+
+/// The draft kinds `--draft` takes, for error messages and help.
+pub const DRAFT_KINDS: &str = "self, layer-skip:L (the first L decoder layers, 1 to num_layers - 1)";
+
+/// The draft tokens per round when `--draft-k` is not given.
+pub const DEFAULT_DRAFT_K: u64 = 4;
+
+/// The most draft tokens per round (`--draft-k`).
+pub const MAX_DRAFT_K: u64 = 16;
+
+impl std::str::FromStr for DraftKind {
+    type Err = String;
+
+    /// `self` or `layer-skip:L`; the range of L is checked against the config
+    /// ([`check_draft`]).
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.split_once(':') {
+            None if s == "self" => Ok(DraftKind::SelfDraft),
+            None if s == "layer-skip" => Err("draft kind `layer-skip` needs the number of layers the draft keeps: layer-skip:L (e.g. layer-skip:4)".into()),
+            Some(("layer-skip", l)) => match l.parse::<u64>() {
+                Ok(l) => Ok(DraftKind::LayerSkip(l)),
+                Err(_) => Err(format!("draft kind `{s}`: L must be a whole number of decoder layers (e.g. layer-skip:4)")),
+            },
+            _ => Err(format!("unknown draft kind `{s}`: supported: {DRAFT_KINDS}")),
+        }
+    }
+}
+
+impl std::fmt::Display for DraftKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DraftKind::SelfDraft => write!(f, "self"),
+            DraftKind::LayerSkip(l) => write!(f, "layer-skip:{l}"),
+        }
+    }
+}
+
+/// `--draft KIND --draft-k K`: which draft, and how many tokens it proposes per round (the
+/// manifest's `speculative.k`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Draft {
+    pub kind: DraftKind,
+    pub k: u64,
+}
+
+impl Draft {
+    /// The decoder layers the draft runs (and keeps KV for) in a model of `layers` layers.
+    pub fn layers(&self, layers: u64) -> u64 {
+        match self.kind {
+            DraftKind::SelfDraft => layers,
+            DraftKind::LayerSkip(l) => l,
+        }
+    }
+}
+
+/// Whether `draft` can be written for `cfg` under tensor parallelism `tp`. Every reason.
+pub fn check_draft(cfg: &Config, draft: &Draft, tp: Option<u64>) -> std::result::Result<(), String> {
+    let mut why = vec![];
+    let n = cfg.num_hidden_layers;
+    if let DraftKind::LayerSkip(l) = draft.kind {
+        if n < 2 {
+            why.push(format!("--draft {}: the model has {n} decoder layer(s); a layer-skip draft keeps fewer layers than the model, so it needs at least 2 (--draft self works)", draft.kind));
+        } else if l == 0 || l >= n {
+            why.push(format!("--draft {}: L must be between 1 and {} (the model has {n} decoder layers; the draft keeps the first L)", draft.kind, n - 1));
+        }
+    }
+    if !(1..=MAX_DRAFT_K).contains(&draft.k) {
+        why.push(format!("--draft-k {}: the draft proposes 1 to {MAX_DRAFT_K} tokens per verify step", draft.k));
+    }
+    if let Some(t) = tp.filter(|&t| t > 1) {
+        why.push(format!("--draft with --tp {t}: speculative drafts are not supported with tensor parallelism yet (pack without --tp, or with --tp 1)"));
+    }
+    if why.is_empty() {
+        Ok(())
+    } else {
+        Err(why.join("; "))
     }
 }
 
@@ -53,6 +148,9 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     cfg.validate().map_err(PackError::Config)?;
     if let Some(tp) = opts.tp {
         check_tp(cfg, tp).map_err(PackError::Config)?;
+    }
+    if let Some(draft) = &opts.draft {
+        check_draft(cfg, draft, opts.tp).map_err(PackError::Config)?;
     }
     if opts.max_tokens == 0 || opts.max_seqs == 0 || opts.max_context == 0 || opts.page_tokens == 0 {
         return Err(PackError::Config("max tokens, seqs, context and page tokens must all be positive".into()));
@@ -281,6 +379,33 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     // F.linear), so the RoPE kernel's own bias flag (bit 1) stays off: setting both would add
     // it twice.
     let rope_flags = i64::from(qk_norm);
+    // The KV kernels address a layer of a per-token state by (layer, num_layers): a state
+    // holding `num_layers` layers per token (`kv`: all of them; a layer-skip draft's
+    // `draft_kv`: its first L). The state and the layer index are call arguments.
+    let rope_op = |num_layers: u64| {
+        json!({
+            "params": ["inout buffer<bf16>", "state", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "in buffer<i32>", "i32", "i32"],
+            "impl": {"launches": [{
+                "module": "rope", "entry": "qk_norm_rope",
+                "params": ["inout buffer<bf16>", "ptr", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "in buffer<i32>",
+                           "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32", "f32", "i32"],
+                "block": [256], "grid": ["tokens", d.qkv / d.d / 8 + u64::from(!(d.qkv / d.d).is_multiple_of(8))],
+                "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5}, {"param": 6},
+                         {"param": 7}, {"i32": d.hq}, {"i32": d.hkv}, {"i32": d.d}, {"param": 8}, {"i32": num_layers},
+                         {"i32": opts.page_tokens}, {"f32": cfg.rope_theta}, {"f32": eps}, {"i32": rope_flags}]}]}})
+    };
+    let attention_op = |num_layers: u64| {
+        json!({
+            "params": ["out buffer<bf16>", "in buffer<bf16>", "state", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>", "i32", "i32", "i32", "i32"],
+            "impl": {"launches": [{
+                "module": "attention", "entry": attn_entry,
+                "params": ["out buffer<bf16>", "in buffer<bf16>", "ptr", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>",
+                           "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32"],
+                "block": [128], "grid": [format!("ceil(tokens/{bq})+seqs"), d.hkv],
+                "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5},
+                         {"param": 6}, {"param": 7}, {"param": 8}, {"i32": d.qkv}, {"i32": d.hq}, {"i32": d.hkv}, {"param": 9},
+                         {"i32": num_layers}, {"i32": opts.page_tokens}, {"f32": 1.0 / (d.d as f64).sqrt()}]}]}})
+    };
     let mut ops = json!({
         "embedding": {"params": ["out buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "i32"], "impl": {"launches": [{
             "module": "rowwise", "entry": "embedding",
@@ -299,26 +424,8 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         "gate_up_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(2 * d.i, d.h, "tokens", opts.max_tokens, false)}},
         "down_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.i, "tokens", opts.max_tokens, false)}},
         "lm_head": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<f32>", "i32"], "impl": {"launches": gemm_launches(d.v, d.h, "seqs", opts.max_seqs, true)}},
-        "qk_norm_rope": {
-            "params": ["inout buffer<bf16>", "state", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "in buffer<i32>", "i32", "i32"],
-            "impl": {"launches": [{
-                "module": "rope", "entry": "qk_norm_rope",
-                "params": ["inout buffer<bf16>", "ptr", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "in buffer<i32>",
-                           "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32", "f32", "i32"],
-                "block": [256], "grid": ["tokens", d.qkv / d.d / 8 + u64::from(!(d.qkv / d.d).is_multiple_of(8))],
-                "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5}, {"param": 6},
-                         {"param": 7}, {"i32": d.hq}, {"i32": d.hkv}, {"i32": d.d}, {"param": 8}, {"i32": d.layers},
-                         {"i32": opts.page_tokens}, {"f32": cfg.rope_theta}, {"f32": eps}, {"i32": rope_flags}]}]}},
-        "attention": {
-            "params": ["out buffer<bf16>", "in buffer<bf16>", "state", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>", "i32", "i32", "i32", "i32"],
-            "impl": {"launches": [{
-                "module": "attention", "entry": attn_entry,
-                "params": ["out buffer<bf16>", "in buffer<bf16>", "ptr", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>",
-                           "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32"],
-                "block": [128], "grid": [format!("ceil(tokens/{bq})+seqs"), d.hkv],
-                "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5},
-                         {"param": 6}, {"param": 7}, {"param": 8}, {"i32": d.qkv}, {"i32": d.hq}, {"i32": d.hkv}, {"param": 9},
-                         {"i32": d.layers}, {"i32": opts.page_tokens}, {"f32": 1.0 / (d.d as f64).sqrt()}]}]}},
+        "qk_norm_rope": rope_op(d.layers),
+        "attention": attention_op(d.layers),
         "swiglu": {"params": ["out buffer<bf16>", "in buffer<bf16>", "i32"], "impl": {"launches": [{
             "module": "rowwise", "entry": "swiglu", "params": ["out buffer<bf16>", "in buffer<bf16>", "i32", "i32"],
             "block": [256], "grid": ["tokens"], "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"i32": d.i}]}]}},
@@ -343,43 +450,51 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     // ---- the program: one step
     let buf = |n: &str| json!({"buf": n});
     let var = |n: &str| json!({"var": n});
-    let mut calls = vec![json!({"label": "embed", "op": "embedding", "args": [buf("x"), buf("model.embed_tokens.weight"), buf("token_ids"), var("tokens")]})];
-    calls.push(json!({"label": "l0.input_norm", "op": "rms_norm", "args": [buf("h"), buf("x"), buf("model.layers.0.input_layernorm.weight"), var("tokens")]}));
-    for l in 0..d.layers {
-        let p = format!("model.layers.{l}");
-        let bias_buf = if bias { buf(&format!("{p}.self_attn.qkv_proj.bias")) } else { json!({"null": true}) };
-        calls.push(json!({"label": format!("l{l}.qkv_proj"), "op": "qkv_proj", "args": [buf("h"), buf(&format!("{p}.self_attn.qkv_proj.weight")), bias_buf, buf("qkv"), var("tokens")]}));
-        // Unused norm / bias pointers are never read by the kernel (flags); bind a weight.
-        let qn = if qk_norm { format!("{p}.self_attn.q_norm.weight") } else { format!("{p}.input_layernorm.weight") };
-        let kn = if qk_norm { format!("{p}.self_attn.k_norm.weight") } else { format!("{p}.input_layernorm.weight") };
-        let rb = if bias { format!("{p}.self_attn.qkv_proj.bias") } else { format!("{p}.input_layernorm.weight") };
-        calls.push(json!({"label": format!("l{l}.qk_norm_rope"), "op": "qk_norm_rope",
-            "args": [buf("qkv"), {"state": "kv"}, buf(&qn), buf(&kn), buf(&rb), buf("positions"), buf("slot_mapping"), var("tokens"), {"i32": l}]}));
-        calls.push(json!({"label": format!("l{l}.attention"), "op": "attention",
-            "args": [buf("attn"), buf("qkv"), {"state": "kv"}, buf("block_tables"), buf("seq_lens"), buf("query_start"), var("seqs"), var("tokens"), var("pages"), {"i32": l}]}));
-        calls.push(json!({"label": format!("l{l}.o_proj"), "op": "o_proj", "args": [buf("attn"), buf(&format!("{p}.self_attn.o_proj.weight")), {"null": true}, buf("o"), var("tokens")]}));
-        if opts.tp.is_some() {
-            calls.push(all_reduce(format!("l{l}.o_proj.all_reduce"), "o"));
+    // The calls of one step through the embedding, the first `layers` decoder layers (their KV
+    // in the state `kv`, through the ops `rope` and `attention`, which address a state of
+    // `layers` layers per token), the final norm, the LM head and sampling. The target's
+    // program has every layer; a draft's has its own KV state.
+    let program = |layers: u64, kv: &str, rope: &str, attention: &str| -> Vec<Value> {
+        let mut calls = vec![json!({"label": "embed", "op": "embedding", "args": [buf("x"), buf("model.embed_tokens.weight"), buf("token_ids"), var("tokens")]})];
+        calls.push(json!({"label": "l0.input_norm", "op": "rms_norm", "args": [buf("h"), buf("x"), buf("model.layers.0.input_layernorm.weight"), var("tokens")]}));
+        for l in 0..layers {
+            let p = format!("model.layers.{l}");
+            let bias_buf = if bias { buf(&format!("{p}.self_attn.qkv_proj.bias")) } else { json!({"null": true}) };
+            calls.push(json!({"label": format!("l{l}.qkv_proj"), "op": "qkv_proj", "args": [buf("h"), buf(&format!("{p}.self_attn.qkv_proj.weight")), bias_buf, buf("qkv"), var("tokens")]}));
+            // Unused norm / bias pointers are never read by the kernel (flags); bind a weight.
+            let qn = if qk_norm { format!("{p}.self_attn.q_norm.weight") } else { format!("{p}.input_layernorm.weight") };
+            let kn = if qk_norm { format!("{p}.self_attn.k_norm.weight") } else { format!("{p}.input_layernorm.weight") };
+            let rb = if bias { format!("{p}.self_attn.qkv_proj.bias") } else { format!("{p}.input_layernorm.weight") };
+            calls.push(json!({"label": format!("l{l}.qk_norm_rope"), "op": rope,
+                "args": [buf("qkv"), {"state": kv}, buf(&qn), buf(&kn), buf(&rb), buf("positions"), buf("slot_mapping"), var("tokens"), {"i32": l}]}));
+            calls.push(json!({"label": format!("l{l}.attention"), "op": attention,
+                "args": [buf("attn"), buf("qkv"), {"state": kv}, buf("block_tables"), buf("seq_lens"), buf("query_start"), var("seqs"), var("tokens"), var("pages"), {"i32": l}]}));
+            calls.push(json!({"label": format!("l{l}.o_proj"), "op": "o_proj", "args": [buf("attn"), buf(&format!("{p}.self_attn.o_proj.weight")), {"null": true}, buf("o"), var("tokens")]}));
+            if opts.tp.is_some() {
+                calls.push(all_reduce(format!("l{l}.o_proj.all_reduce"), "o"));
+            }
+            calls.push(json!({"label": format!("l{l}.post_attention_norm"), "op": "add_rms_norm", "args": [buf("h"), buf("x"), buf("o"), buf(&format!("{p}.post_attention_layernorm.weight")), var("tokens")]}));
+            calls.push(json!({"label": format!("l{l}.gate_up_proj"), "op": "gate_up_proj", "args": [buf("h"), buf(&format!("{p}.mlp.gate_up_proj.weight")), {"null": true}, buf("gate_up"), var("tokens")]}));
+            calls.push(json!({"label": format!("l{l}.swiglu"), "op": "swiglu", "args": [buf("act"), buf("gate_up"), var("tokens")]}));
+            calls.push(json!({"label": format!("l{l}.down_proj"), "op": "down_proj", "args": [buf("act"), buf(&format!("{p}.mlp.down_proj.weight")), {"null": true}, buf("mlp"), var("tokens")]}));
+            if opts.tp.is_some() {
+                calls.push(all_reduce(format!("l{l}.down_proj.all_reduce"), "mlp"));
+            }
+            if l + 1 < layers {
+                calls.push(json!({"label": format!("l{}.input_norm", l + 1), "op": "add_rms_norm",
+                    "args": [buf("h"), buf("x"), buf("mlp"), buf(&format!("model.layers.{}.input_layernorm.weight", l + 1)), var("tokens")]}));
+            }
         }
-        calls.push(json!({"label": format!("l{l}.post_attention_norm"), "op": "add_rms_norm", "args": [buf("h"), buf("x"), buf("o"), buf(&format!("{p}.post_attention_layernorm.weight")), var("tokens")]}));
-        calls.push(json!({"label": format!("l{l}.gate_up_proj"), "op": "gate_up_proj", "args": [buf("h"), buf(&format!("{p}.mlp.gate_up_proj.weight")), {"null": true}, buf("gate_up"), var("tokens")]}));
-        calls.push(json!({"label": format!("l{l}.swiglu"), "op": "swiglu", "args": [buf("act"), buf("gate_up"), var("tokens")]}));
-        calls.push(json!({"label": format!("l{l}.down_proj"), "op": "down_proj", "args": [buf("act"), buf(&format!("{p}.mlp.down_proj.weight")), {"null": true}, buf("mlp"), var("tokens")]}));
-        if opts.tp.is_some() {
-            calls.push(all_reduce(format!("l{l}.down_proj.all_reduce"), "mlp"));
-        }
-        if l + 1 < d.layers {
-            calls.push(json!({"label": format!("l{}.input_norm", l + 1), "op": "add_rms_norm",
-                "args": [buf("h"), buf("x"), buf("mlp"), buf(&format!("model.layers.{}.input_layernorm.weight", l + 1)), var("tokens")]}));
-        }
-    }
-    // Only the last position of each sequence goes through the final norm and the LM head.
-    calls.push(json!({"label": "gather.residual", "op": "gather_last", "args": [buf("x_last"), buf("x"), buf("last_token"), var("seqs"), var("tokens")]}));
-    calls.push(json!({"label": "gather.mlp", "op": "gather_last", "args": [buf("mlp_last"), buf("mlp"), buf("last_token"), var("seqs"), var("tokens")]}));
-    calls.push(json!({"label": "final_norm", "op": "add_rms_norm_last", "args": [buf("h_last"), buf("x_last"), buf("mlp_last"), buf("model.norm.weight"), var("seqs")]}));
-    calls.push(json!({"label": "lm_head", "op": "lm_head", "args": [buf("h_last"), buf("lm_head.weight"), {"null": true}, buf("logits"), var("seqs")]}));
-    calls.push(json!({"label": "sample", "op": "sample",
-        "args": [buf("sampled"), buf("logits"), buf("temperature"), buf("top_k"), buf("top_p"), buf("seeds"), buf("seq_lens"), var("seqs")]}));
+        // Only the last position of each sequence goes through the final norm and the LM head.
+        calls.push(json!({"label": "gather.residual", "op": "gather_last", "args": [buf("x_last"), buf("x"), buf("last_token"), var("seqs"), var("tokens")]}));
+        calls.push(json!({"label": "gather.mlp", "op": "gather_last", "args": [buf("mlp_last"), buf("mlp"), buf("last_token"), var("seqs"), var("tokens")]}));
+        calls.push(json!({"label": "final_norm", "op": "add_rms_norm_last", "args": [buf("h_last"), buf("x_last"), buf("mlp_last"), buf("model.norm.weight"), var("seqs")]}));
+        calls.push(json!({"label": "lm_head", "op": "lm_head", "args": [buf("h_last"), buf("lm_head.weight"), {"null": true}, buf("logits"), var("seqs")]}));
+        calls.push(json!({"label": "sample", "op": "sample",
+            "args": [buf("sampled"), buf("logits"), buf("temperature"), buf("top_k"), buf("top_p"), buf("seeds"), buf("seq_lens"), var("seqs")]}));
+        calls
+    };
+    let calls = program(d.layers, "kv", "qk_norm_rope", "attention");
 
     // This rank's kv heads only.
     let bytes_per_token = d.layers * 2 * d.hkv * d.d * 2;
@@ -409,6 +524,23 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     });
     if let Some(t) = opts.tp {
         m["parallel"] = json!({"tp": t});
+    }
+    if let Some(draft) = &opts.draft {
+        // The draft's KV lives in its own per-token state on the same pages (one block table,
+        // one slot mapping): the target's `kv` is never bound by the draft's program.
+        let layers = draft.layers(d.layers);
+        m["states"]["draft_kv"] = json!({"bytes_per_token": layers * 2 * d.hkv * d.d * 2, "page_tokens": opts.page_tokens});
+        let calls = match draft.kind {
+            // The target's layer count: the target's KV ops address draft_kv's layers too.
+            DraftKind::SelfDraft => program(d.layers, "draft_kv", "qk_norm_rope", "attention"),
+            DraftKind::LayerSkip(l) => {
+                m["ops"]["draft_qk_norm_rope"] = rope_op(l);
+                m["ops"]["draft_attention"] = attention_op(l);
+                program(l, "draft_kv", "draft_qk_norm_rope", "draft_attention")
+            }
+        };
+        m["programs"] = json!({"draft": {"calls": calls}});
+        m["speculative"] = json!({"draft": "draft", "k": draft.k});
     }
     m
 }

@@ -203,3 +203,34 @@ fn other_architectures_and_inconsistent_metadata_are_refused() {
     let e = kern_pack_qwen3::gguf::config(ckpt.gguf().unwrap(), &file).unwrap_err().to_string();
     assert!(e.contains("RoPE scaling"), "{e}");
 }
+
+/// Issue 18: `kern pack --gguf ... --draft`: the draft program reads the same GGUF-named weights
+/// as the target, and the manifest passes `kern check` with its `draft_kv` state.
+#[test]
+fn gguf_packs_take_a_draft_too() {
+    use kern_pack_qwen3::{Draft, DraftKind};
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "qwen3.gguf", &model("qwen3", true, &[]));
+    let ckpt = Checkpoint::open(&file).unwrap();
+    let cfg = kern_pack_qwen3::gguf::config(ckpt.gguf().unwrap(), &file).unwrap();
+    for (kind, layers) in [(DraftKind::LayerSkip(1), 1), (DraftKind::SelfDraft, 2)] {
+        let out = dir.path().join(kind.to_string().replace(':', "-"));
+        let opts = PackOptions { kernels: kernels(), max_tokens: 64, max_seqs: 4, max_context: 256, draft: Some(Draft { kind, k: 3 }), ..Default::default() };
+        let path = generate_for_gguf(&cfg, &opts, &out).unwrap();
+        let m = load(&path, &CheckOptions::default()).unwrap_or_else(|d| panic!("{kind}: {d}"));
+        assert!(kern_weights::check(&ckpt, &m.buffers).is_empty(), "{kind}");
+        let spec = m.speculative.as_ref().expect("speculative section");
+        assert_eq!((m.programs[spec.draft].name.as_str(), spec.k), ("draft", 3), "{kind}");
+        let bytes = |s: &str| match m.states[m.state(s).unwrap().0].size {
+            kern_manifest::StateSize::PerToken { bytes, .. } => bytes,
+            _ => panic!("per token"),
+        };
+        // 1 kv head of 64, K and V, bf16: 256 bytes per layer.
+        assert_eq!((bytes("kv"), bytes("draft_kv")), (2 * 256, layers * 256), "{kind}");
+        let draft = m.program("draft").unwrap();
+        let qkv = m.buffer("model.layers.0.self_attn.qkv_proj.weight").unwrap();
+        assert!(draft.calls.iter().any(|c| c.args.contains(&kern_manifest::Binding::Buf(qkv))), "{kind}: the draft reads the target's weights");
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(json["buffers"]["model.layers.0.self_attn.qkv_proj.weight"]["from"]["concat"][0], "blk.0.attn_q.weight");
+    }
+}
