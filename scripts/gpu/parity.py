@@ -53,7 +53,7 @@ import traceback
 REL, ABS = 1.5, 0.01  # kern's error bound: REL * e_bf16 + ABS
 PROMPT_ID_MAX = 151643  # prompt ids in [0, 151643): the ordinary vocabulary, no special tokens
 TOPK = 5  # vLLM's check_logprobs_close
-SHAPES = ("qwen3-0.6b", "qwen3-4b", "qwen2.5-0.5b")
+SHAPES = ("qwen3-0.6b", "qwen3-4b", "qwen2.5-0.5b", "qwen3-8b")
 DEFAULT_SHAPES = "qwen3-0.6b,qwen2.5-0.5b,qwen3-4b"  # the 8 GB one last
 
 
@@ -540,7 +540,7 @@ def run_shape(shape, a, kern, prompts, shape_dir):
     kern(f"{shape}.random-weights", rw)
     kern(f"{shape}.pack", ["pack", "--config", os.path.join(model_dir, "config.json"), "-o", model_dir,
                            "--kernels", a.kernels, "--max-tokens", a.pack_max_tokens, "--max-seqs", a.max_seqs,
-                           "--max-context", a.max_context])
+                           "--max-context", a.max_context] + a.pack_arg)
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     vocab = int(cfg["vocab_size"])
@@ -657,6 +657,8 @@ def main(argv=None):
     ap.add_argument("--keep", action="store_true", help="keep the weights and dumps under --work")
     ap.add_argument("--budget", type=int, default=480,
                     help="start no new shape after this many seconds (0: no limit; default 480, for a 10-minute device call)")
+    ap.add_argument("--pack-arg", action="append", default=[],
+                    help="extra argument for `kern pack` (repeatable, e.g. --pack-arg=--tp --pack-arg=2)")
     ap.add_argument("--kern-arg", action="append", default=[],
                     help="extra argument for every `kern generate` (repeatable, e.g. --kern-arg=--gpu-mem --kern-arg=40GiB)")
     ap.add_argument("--pack-max-tokens", type=int, default=256)

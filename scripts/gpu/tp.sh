@@ -10,9 +10,13 @@
 #       TP=2, against the floor of one rank's weights at 4.8 TB/s (issue target: <= 2.8 ms)
 #   (d) all-reduce time per layer: TP=2 decode step minus the same manifest without its
 #       all-reduce calls (results then wrong; timing only), over the layers
-#   (e) greedy tokens for 64 steps at TP=2 vs TP=1: NOT here — it needs the serving engine
-#       on kern_runtime::ParallelRuntime (crates/kern-engine, the lead's); `kern run` runs one
-#       step. Reported as TODO.
+#   (e) greedy decoding through the serving engine (`kern generate --devices 0,1`, the engine
+#       on kern_runtime::ParallelRuntime): four prompts, 64 tokens, at TP=2 and TP=1 on the same
+#       weights: tokens equal, or at the first split both tokens within the logits' difference
+#       there (a near-tie) — tp_check.py greedy
+#   (f) the random-weight parity rule at TP=2 (scripts/gpu/parity.py on $PRESET with
+#       --pack-arg=--tp --pack-arg=2 --kern-arg=--devices --kern-arg=0,1): kern's logits within
+#       1.5 x bf16's error against fp32 + 0.01 at every step, greedy vs transformers' own
 # The last lines are a PASS/FAIL table; exit 1 if any case fails.
 #
 # Needs: 2 GPUs, .carry/kern, .carry/fixtures, build/packs/qwen3, python3 with numpy,
@@ -94,7 +98,30 @@ layers=$(python3 -c "import json; print(json.load(open('$M/config.json'))['num_h
 per=$(python3 -c "print(f'{(float(\"$t2\") - float(\"$t3\")) / $layers * 1000:.1f} us per layer (2 all-reduces of [1, hidden] bf16)')" 2>/dev/null || echo "?")
 result "d.all_reduce" INFO "TP=2 step ${t2:-?} ms, without all-reduces ${t3:-?} ms: $per"
 
-result "e.greedy_64" TODO "needs kern generate / serve on ParallelRuntime (kern-engine)"
+echo "== (e) greedy 64 steps through the engine, TP=2 vs TP=1"
+ids=$(python3 -c "
+import numpy as np
+r = np.random.default_rng(7)
+print(' '.join('--prompt-ids ' + ','.join(str(int(x)) for x in r.integers(0, 151643, size=n)) for n in (5, 37, 120, 251)))")
+for t in 1 2; do
+  dev=""; [[ $t == 2 ]] && dev="--devices 0,1"
+  "$K" pack --config "$M/config.json" -o "$W/g$t" --kernels "$KD" --max-tokens 256 --max-seqs 8 --max-context 1024 $([[ $t == 2 ]] && echo --tp 2) >>"$W/setup.log" 2>&1 || fail_setup "pack g$t"
+  ln -sf "$M"/*.safetensors* "$W/g$t/" 2>/dev/null
+  "$K" generate --model "$W/g$t" $ids --max-tokens 64 --temperature 0 --ignore-eos --dump "$W/dump-tp$t" $dev 2>&1 | tee "$W/generate-tp$t.log" | tail -3
+done
+if out=$($PY greedy "$W/dump-tp1" "$W/dump-tp2"); then
+  result "e.greedy_64" PASS "$out"
+else
+  result "e.greedy_64" FAIL "$out"
+fi
+
+echo "== (f) parity rule at TP=2 (parity.py)"
+if python3 scripts/gpu/parity.py --kern "$K" --kernels "$KD" --shapes "$PRESET" --steps 64 --work "$W/parity" \
+     --pack-arg=--tp --pack-arg=2 --kern-arg=--devices --kern-arg=0,1 2>&1 | tee "$W/parity.log" | tail -8; then
+  result "f.parity_tp2" PASS "$(grep -m1 "$PRESET" "$W/parity.log" | tail -1 | cut -c1-160)"
+else
+  result "f.parity_tp2" FAIL "see $W/parity.log"
+fi
 echo
 printf '%s\n' "${RESULTS[@]}"
 printf '%s\n' "${RESULTS[@]}" | grep -q " FAIL " && exit 1 || exit 0

@@ -11,6 +11,10 @@ logit comparisons, and the tiny collectives model of tests/manifests/parallel.
   tp_check.py tiny-check DIR TP
       tp 1: C = A + w[0:4], G = C; tp 2: C = 2A + w[0:4] + w[4:8] (the all-reduce of the two
       ranks' A + w-slice), G = [C, C]
+  tp_check.py greedy DUMP_A DUMP_B
+      two `kern generate --dump` runs of the same prompts (e.g. TP=1 and TP=2): per sequence,
+      the tokens are equal, or at the first split j both tokens are within twice the largest
+      logit difference of step j in A's logits (a near-tie); exit 1 otherwise
   tp_check.py floor MODEL.json
       bytes of weights one rank reads in a decode step (every weight but the embedding table)
       and the time to read them at 4.8 TB/s (H200 HBM3e peak)
@@ -107,6 +111,31 @@ def tiny_check(out, tp):
     return 0 if ok else 1
 
 
+def greedy(a, b):
+    ta, tb = (json.load(open(os.path.join(d, "tokens.json"))) for d in (a, b))
+    if ta["prompts"] != tb["prompts"]:
+        print("the two runs had different prompts")
+        return 1
+    ok, parts = True, []
+    for i, (x, y) in enumerate(zip(ta["outputs"], tb["outputs"])):
+        if len(x) != len(y):
+            ok = False
+            parts.append(f"seq{i}: {len(x)} vs {len(y)} tokens")
+            continue
+        j = next((k for k in range(len(x)) if x[k] != y[k]), None)
+        if j is None:
+            parts.append(f"seq{i}: {len(x)}/{len(x)} equal")
+            continue
+        la, lb = (np.load(os.path.join(d, f"seq{i}.logits.npy"))[j].astype(np.float64) for d in (a, b))
+        d = np.abs(la - lb).max()
+        gap = abs(la[x[j]] - la[y[j]])
+        tie = gap <= 2 * d
+        ok &= bool(tie)
+        parts.append(f"seq{i}: split at {j} ({'near-tie' if tie else 'NOT a near-tie'}: gap {gap:.3g}, max |a-b| {d:.3g})")
+    print("; ".join(parts))
+    return 0 if ok else 1
+
+
 def floor(model):
     m = json.load(open(model))
     size = {"bf16": 2, "f16": 2, "f32": 4}
@@ -141,6 +170,8 @@ if __name__ == "__main__":
         tiny(a[1], a[2], int(a[3]))
     elif a[0] == "tiny-check":
         sys.exit(tiny_check(a[1], int(a[2])))
+    elif a[0] == "greedy":
+        sys.exit(greedy(a[1], a[2]))
     elif a[0] == "floor":
         floor(a[1])
     else:
