@@ -1,17 +1,30 @@
 #!/usr/bin/env bash
-# Speculative decoding with n-gram (prompt-lookup) drafts on the GPU machine: random-weight
-# Qwen3-4B, greedy, `kern generate` with and without --spec-ngram 4, batch 1 and batch 8.
-# Checks that the tokens are identical and reports acceptance and decode speed. Carry .carry
-# (kern) and build/packs. Prints a table last.
+# Speculative decoding on the GPU machine (issue 18): random-weight Qwen3-4B, greedy,
+# `kern generate` plain and with each drafter, batch 1 and batch 8:
+#   ngram  --spec-ngram 4 (prompt lookup)
+#   self   --spec-draft on a pack with `--draft self` (the target as its own draft: acceptance
+#          ~100% greedy; slower than plain by design — k full draft passes per verify)
+#   skip   --spec-draft on a pack with `--draft layer-skip:18` (the first half of the layers
+#          on draft_kv; random weights make it a poor draft: this checks exactness and cost)
+# Checks that the tokens are identical to plain decoding and reports acceptance, tokens per
+# verification and decode speed. Carry .carry (kern) and build/packs. Prints RESULT lines last.
 set -uo pipefail
 K=${KERN:-.carry/kern}
 W=${KERN_SPEC_DIR:-/tmp/kern-spec}
 mkdir -p $W
+rm -f $W/results.txt
 d=$W/qwen3-4b
+PACK=(--kernels build/packs/qwen3 --max-tokens 512 --max-seqs 64 --max-context 4096)
 if [[ ! -f $d/model.json ]]; then
   $K random-weights --preset qwen3-4b -o $d >/dev/null 2>&1 || { echo "random-weights failed"; exit 1; }
-  $K pack --config $d/config.json -o $d --kernels build/packs/qwen3 --max-tokens 512 --max-seqs 64 --max-context 4096 >/dev/null || exit 1
+  $K pack --config $d/config.json -o $d "${PACK[@]}" >/dev/null || exit 1
 fi
+# Draft packs: the same weights (linked), a manifest with programs.draft and draft_kv.
+for kind in self layer-skip:18; do
+  o=$W/qwen3-4b-${kind%%:*}
+  mkdir -p $o && ln -sf $d/*.safetensors* $o/ 2>/dev/null
+  $K pack --config $d/config.json -o $o "${PACK[@]}" --draft $kind --draft-k 4 >/dev/null || { echo "pack --draft $kind failed"; exit 1; }
+done
 # Prompts whose text repeats (a block of code-like ids written twice, then its start again):
 # the shape of an edit request that quotes the code to change.
 python3 - $W <<'PY'
@@ -26,11 +39,19 @@ fails=0
 for batch in 1 8; do
   args=()
   for i in $(seq 0 $((batch - 1))); do args+=(--prompt-ids "$(cat $W/p$i.txt)"); done
-  for mode in plain spec; do
-    extra=(); [[ $mode == spec ]] && extra=(--spec-ngram 4)
-    $K generate --model $d "${args[@]}" --max-tokens 128 --ignore-eos --dump $W/$mode-$batch "${extra[@]}" >/dev/null 2>$W/$mode-$batch.log || { cat $W/$mode-$batch.log; fails=1; continue; }
+  for mode in plain ngram self skip; do
+    model=$d; extra=()
+    case $mode in
+      ngram) extra=(--spec-ngram 4) ;;
+      self) model=$W/qwen3-4b-self; extra=(--spec-draft) ;;
+      skip) model=$W/qwen3-4b-layer-skip; extra=(--spec-draft) ;;
+    esac
+    $K generate --model $model "${args[@]}" --max-tokens 128 --ignore-eos --dump $W/$mode-$batch "${extra[@]}" >/dev/null 2>$W/$mode-$batch.log || { tail -5 $W/$mode-$batch.log; fails=1; continue; }
     grep -E "decode|speculative" $W/$mode-$batch.log | sed "s/^/[$mode batch $batch] /"
   done
-  python3 scripts/gpu/spec_compare.py $W $batch "random qwen3-4b" || fails=1
+  for mode in ngram self skip; do
+    python3 scripts/gpu/spec_compare.py $W $batch "random qwen3-4b" $mode >> $W/results.txt || fails=1
+  done
 done
+echo; cat $W/results.txt
 exit $fails
