@@ -84,6 +84,8 @@ pub struct EngineInfo {
     pub state_bytes_per_token: u64,
     /// Device copy bandwidth measured at start, GB/s (with `record_steps`).
     pub copy_gbs: Option<f64>,
+    /// Speculative decoding as it runs (a draft program's k resolved), None when off.
+    pub spec: Option<kern_sched::SpecConfig>,
 }
 
 /// One step, as `record_steps` keeps it.
@@ -495,6 +497,7 @@ fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box
         weight_bytes: model.weight_bytes(),
         state_bytes_per_token,
         copy_gbs,
+        spec: cfg.spec.clone(),
     });
     inner.state.send_if_modified(|s| {
         if *s == State::Loading {

@@ -222,7 +222,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         if ph.decode.steps > 0 { ph.decode.secs * 1000.0 / ph.decode.steps as f64 } else { 0.0 },
         if args.no_graph { ", eager" } else { ", CUDA graphs" }
     );
-    if let Some(sp) = args.spec.config()? {
+    if let Some(sp) = engine.info().and_then(|i| i.spec.clone()) {
         let m = engine.metrics();
         let (drafted, accepted) = (m.spec_draft_tokens.get(), m.spec_accepted.get());
         let steps = m.spec_draft_steps.get();

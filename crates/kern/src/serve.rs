@@ -187,8 +187,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
             if let Some(i) = watch_engine.info() {
                 let r = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 let what = r.map_or_else(String::new, |r| format!(": {} of weights on {}, KV pool {} pages × {} tokens", kern_runtime::plan::human(r.weight_bytes), r.device_name, r.pages, r.page_tokens));
+                let spec = i.spec.as_ref().map_or_else(String::new, |sp| format!("; speculative decoding ({})", crate::spec::SpecArgs::describe(sp)));
                 eprintln!(
-                    "kern serve: ready in {:.2} s{what}; max context {} tokens, {} sequences × {} tokens per step",
+                    "kern serve: ready in {:.2} s{what}; max context {} tokens, {} sequences × {} tokens per step{spec}",
                     t0.elapsed().as_secs_f64(),
                     i.limits.max_context,
                     i.max_seqs,

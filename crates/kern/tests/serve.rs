@@ -107,3 +107,29 @@ fn help_lists_the_flags_and_a_missing_model_says_what_to_do() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/model/dir"), "{err}");
 }
+
+/// `--spec-draft` on the CPU model (its own rule as the draft): the completion equals the one
+/// without drafts, and /metrics counts draft steps and accepted drafts.
+#[test]
+fn a_draft_program_serves_the_same_completion() {
+    let body = r#"{"prompt": [5, 6, 7, 8], "max_tokens": 24, "ignore_eos": true, "temperature": 0}"#;
+    let tokens = |addr: &str| -> String {
+        let (status, b) = http(addr, "POST", "/v1/completions", body);
+        assert_eq!(status, 200, "{b}");
+        let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let (mut plain, a) = start(&[]);
+    let want = tokens(&a);
+    plain.kill().unwrap();
+    let _ = plain.wait();
+    let (mut spec, a) = start(&["--spec-draft", "--spec-k", "3"]);
+    assert_eq!(tokens(&a), want);
+    let metrics = http(&a, "GET", "/metrics", "").1;
+    let value = |name: &str| -> f64 { metrics.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name} not in /metrics")) };
+    assert!(value("kern:spec_decode_num_draft_steps_total") > 0.0, "{metrics}");
+    assert!(value("kern:spec_decode_num_accepted_tokens_total") > 0.0);
+    assert_eq!(value("kern:spec_decode_num_accepted_tokens_total"), value("kern:spec_decode_num_draft_tokens_total"), "the model as its own draft");
+    spec.kill().unwrap();
+    let _ = spec.wait();
+}
