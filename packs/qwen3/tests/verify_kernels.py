@@ -34,12 +34,14 @@ import tempfile
 import time
 import traceback
 
-GROUPS = ["rowwise", "kv_write", "qk_norm_rope", "attention", "argmax", "sample", "timing"]
+GROUPS = ["rowwise", "kv_write", "qk_norm_rope", "attention", "attention_decode", "argmax", "sample", "timing"]
 
 MODULE_OF = {
     "embedding": "rowwise", "rms_norm": "rowwise", "add_rms_norm": "rowwise", "swiglu": "rowwise",
     "gather_last": "rowwise", "qk_norm_rope": "rope", "kv_write": "rope",
     "attention_d128": "attention", "attention_d64": "attention", "argmax": "sampling", "sample": "sampling",
+    "attention_decode_d128": "attention_decode", "attention_decode_d64": "attention_decode",
+    "attention_combine_d128": "attention_decode", "attention_combine_d64": "attention_decode",
 }
 
 EPS = 1e-6
@@ -718,6 +720,235 @@ def g_attention(K, R, quick):
     R.case("attention_d128", "grid.x=1", run_small_grid)
 
 
+# ============================================================================ group: attention_decode
+# Split-KV decode attention (attention_decode.cu): attention_decode_dD (grid [tokens, Hkv, S]) then
+# attention_combine_dD (grid [tokens, Hq], block [D]). The split count S and the minimum chunk are
+# the manifest's (packs/qwen3/gen: decode attention "split"); the same numbers here.
+DEC_TARGET_CTAS = 264   # about 2 CTAs per SM on the H200's 132 SMs
+DEC_MAX_SPLITS = 64     # the generator's cap (the kernel accepts up to 128)
+DEC_MIN_CHUNK = 64      # keys per split at least (rounded up to 32 by the kernel)
+DEC_CTX = [1, 15, 16, 17, 255, 1000, 4096]
+
+
+def dec_splits(seqs, Hkv, target=DEC_TARGET_CTAS, cap=DEC_MAX_SPLITS):
+    """The manifest's split count for a decode step: min(cap, ceil(target / (seqs * Hkv)))."""
+    return max(1, min(cap, cdiv(target, seqs * Hkv)))
+
+
+def dec_chunking(kmax, S, min_chunk):
+    """(chunk, n_active) of a token with kmax visible keys: attention_decode.cu's rule."""
+    if kmax <= 0:
+        return 32, 0
+    mc = max(32, cdiv(min_chunk, 32) * 32)
+    chunk = max(mc, cdiv(cdiv(kmax, S), 32) * 32)
+    return chunk, cdiv(kmax, chunk)
+
+
+def dec_partial_floats(T, S, Hq, D):
+    """Floats of the scratch: the header (T rounded up to 4) and S * T * Hq records of D + 4."""
+    return cdiv(T, 4) * 4 + S * T * Hq * (D + 4)
+
+
+def dec_token_kmax(qs, seq_lens, num_seqs, T):
+    """Visible keys of every token row (0 for padded tokens), from query_start and seq_lens."""
+    qs = [int(x) for x in qs.tolist()]
+    sl = [int(x) for x in seq_lens.tolist()]
+    out = [0] * T
+    for s in range(num_seqs):
+        n = qs[s + 1] - qs[s]
+        for i in range(n):
+            out[qs[s] + i] = max(0, sl[s] - n + i + 1)
+    return out
+
+
+def build_decode_case(groups, rows, Hq, Hkv, D, pt, layers, layer, pad_tokens, pad_seqs, seed, qscale=1.0):
+    """One-token rows over shared sequences. groups: context length of each sequence (its pages and
+    K/V); rows: (group, ctx) with 1 <= ctx <= groups[group]: a row is a one-token "sequence" with
+    the group's whole block-table row and seq_lens = ctx (a decode row when ctx = groups[group];
+    speculative verify rows are consecutive ctx of one group). Keys of the group past a row's ctx
+    hold real data (the later drafts), so a row that read past its ctx would be wrong; slots past
+    a group's context hold NaN. Returns build_attention_case's dict (spec = [(ctx - 1, 1)] per row)."""
+    pages_per = [cdiv(c, pt) for c in groups]
+    max_pages = max(pages_per) + 1
+    total_pages = sum(pages_per) + 3
+    perm = torch.randperm(total_pages, generator=gen(seed)).tolist()
+    it = iter(perm)
+    gpages = [[next(it) for _ in range(n)] for n in pages_per]
+    S = len(rows)
+    Sb = S + pad_seqs
+    bt = torch.full((Sb, max_pages), -1, dtype=torch.int32)
+    for i, (g, ctx) in enumerate(rows):
+        assert 1 <= ctx <= groups[g], (g, ctx, groups[g])
+        for j, p in enumerate(gpages[g]):
+            bt[i, j] = p
+    pool = nanfull((total_pages * pt * layers * 2 * Hkv * D,))
+    pv = pool_view(pool, layers, pt, Hkv, D)
+    kview, vview = pv[:, layer, 0], pv[:, layer, 1]
+    gK, gV = [], []
+    for g, c in enumerate(groups):
+        kk = randn((c, Hkv, D), seed * 100 + 2 * g + 1)
+        vv = randn((c, Hkv, D), seed * 100 + 2 * g + 2)
+        p = torch.arange(c)
+        pages = torch.tensor(gpages[g], dtype=torch.long)[p // pt].to(DEV)
+        offs = (p % pt).to(DEV)
+        kview[pages, offs] = kk
+        vview[pages, offs] = vv
+        gK.append(kk)
+        gV.append(vv)
+    Tb = S + pad_tokens
+    qkv = randn((Tb, (Hq + 2 * Hkv) * D), seed * 100 + 99, scale=qscale)
+    qs = list(range(S + 1)) + [S] * pad_seqs
+    seq_lens = [ctx for _, ctx in rows] + [0] * pad_seqs
+    return dict(S=S, Sb=Sb, Tb=Tb, n_tok=S, max_pages=max_pages, pool=pool, qkv=qkv,
+                bt=bt.to(DEV), qs=torch.tensor(qs, dtype=torch.int32, device=DEV),
+                seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEV),
+                Ks=[gK[g][:ctx] for g, ctx in rows], Vs=[gV[g][:ctx] for g, ctx in rows],
+                spec=[(ctx - 1, 1) for _, ctx in rows])
+
+
+def dec_launch(K, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk, guard=64):
+    """attention_decode_dD + attention_combine_dD on case c. Returns (out [Tb + 1, Hq*D] with a
+    NaN guard row, partial with `guard` NaN floats past its size)."""
+    T = c["Tb"]
+    partial = nanfull((dec_partial_floats(T, S, Hq, D) + guard,), torch.float32)
+    out = nanfull((T + 1, Hq * D))
+    K.launch(f"attention_decode_d{D}", (T, Hkv, S), (128,),
+             [P(partial), P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]),
+              I32(T), I32(c["max_pages"]), I32((Hq + 2 * Hkv) * D), I32(Hq), I32(Hkv), I32(layer), I32(layers),
+              I32(pt), F32(D ** -0.5), I32(min_chunk)])
+    K.launch(f"attention_combine_d{D}", (T, Hq), (D,), [P(out), P(partial), I32(T), I32(Hq)])
+    return out, partial
+
+
+def dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk, exact_single=True):
+    """Runs the split path on case c and checks: the fp64 reference (the attention tolerance),
+    zeros on padded rows, the guard row, the scratch's header (active splits per token) and guard,
+    and against attention_dD on the same inputs: rows with one active split bit-identical."""
+    kname = f"attention_decode_d{D}"
+    G = Hq // Hkv
+    scale = D ** -0.5
+    T, n = c["Tb"], c["n_tok"]
+    out, partial = dec_launch(K, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk)
+    kmax = dec_token_kmax(c["qs"].cpu(), c["seq_lens"].cpu(), c["Sb"], T)
+    act = [dec_chunking(k, S, min_chunk)[1] for k in kmax]
+    ref, tbf = attention_refs(c, Hq, Hkv, D, scale)
+    nsplit = sorted(set(act[:n]))
+    close(R, kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf,
+          note=f"S={S} min_chunk={min_chunk} active splits {nsplit[0]}..{nsplit[-1]}")
+    pad = out[n:T]
+    if pad.numel():
+        okp = bool((pad.double() == 0).all())
+        R.add(kernel=kname + "(padded rows)", shape=shape, status="PASS" if okp else "FAIL",
+              note="padded token rows are zero" if okp else "padded token rows not zeroed")
+    guard_nan(R, kname, shape, out[T:], "row past num_tokens")
+    guard_nan(R, kname, shape, partial[dec_partial_floats(T, S, Hq, D):], "scratch past its size")
+    hdr = [float(x) for x in partial[:T].cpu().tolist()]
+    okh = hdr == [float(a) for a in act]
+    R.add(kernel=kname + "(header)", shape=shape, status="PASS" if okh else "FAIL",
+          note="active splits per token as expected" if okh else f"header {hdr[:8]}... expected {act[:8]}...")
+    # the same inputs through attention_dD
+    att = nanfull((T, Hq * D))
+    K.launch(f"attention_d{D}", (cdiv(T, 32 // G) + c["Sb"], Hkv), (128,),
+             [P(att), P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]),
+              I32(T), I32(c["max_pages"]), I32((Hq + 2 * Hkv) * D), I32(Hq), I32(Hkv), I32(layer), I32(layers),
+              I32(pt), F32(scale)])
+    diff = float((out[:T].double() - att.double()).abs().nan_to_num(nan=float("inf")).max()) if T else 0.0
+    single = [t for t in range(n) if act[t] == 1]
+    note = f"max |split - attention_d{D}| = {diff:.3e}; {len(single)}/{n} rows single-split"
+    ok = True
+    if exact_single and single and not K.mock:
+        idx = torch.tensor(single, device=out.device)
+        same = bits_equal(out[idx], att[idx])
+        ok = same
+        note += "; single-split rows bit-identical" if same else "; single-split rows NOT bit-identical"
+    R.add(kernel=kname + f"(vs attention_d{D})", shape=shape, status="PASS" if ok else "FAIL", note=note)
+
+
+def g_attention_decode(K, R, quick):
+    layers, layer = 2, 1
+    heads = [  # name, Hq, Hkv, D
+        ("0.6B heads G=2 D=128", 16, 8, 128),
+        ("4B heads G=4 D=128", 32, 8, 128),
+        ("G=2 D=64", 4, 2, 64),
+        ("G=4 D=64", 8, 2, 64),
+    ]
+    cases = []  # (name, Hq, Hkv, D, pt, groups, rows, pad_t, pad_s, S, min_chunk, qscale)
+
+    def plain(ctxs):
+        return list(ctxs), [(i, c) for i, c in enumerate(ctxs)]
+
+    if quick:
+        for hname, Hq, Hkv, D in heads[1:3]:
+            for ctxs in ([1], [17], [1000], [15, 255, 64]):
+                g, r = plain(ctxs)
+                cases.append((f"{hname} ctx {ctxs}", Hq, Hkv, D, 16, g, r, 1, 1, dec_splits(len(r), Hkv),
+                              DEC_MIN_CHUNK, 1.0))
+    else:
+        for hname, Hq, Hkv, D in heads:
+            for ctx in DEC_CTX:  # batch 1 (a bucket of 1: no padding)
+                g, r = plain([ctx])
+                cases.append((f"{hname} b=1 ctx {ctx}", Hq, Hkv, D, 16, g, r, 0, 0, dec_splits(1, Hkv),
+                              DEC_MIN_CHUNK, 1.0))
+            for ctxs in ([1, 255, 4096], [15, 1000, 17], [16, 16, 4096]):  # batch 3 (bucket 4: one padded row)
+                g, r = plain(ctxs)
+                cases.append((f"{hname} b=3 ctx {ctxs} +pad", Hq, Hkv, D, 16, g, r, 1, 1, dec_splits(4, Hkv),
+                              DEC_MIN_CHUNK, 1.0))
+            g, r = plain([DEC_CTX[i % len(DEC_CTX)] for i in range(64)])  # batch 64, every context
+            cases.append((f"{hname} b=64 ctx {DEC_CTX} cycled", Hq, Hkv, D, 16, g, r, 0, 0, dec_splits(64, Hkv),
+                          DEC_MIN_CHUNK, 1.0))
+        # speculative verify rows: k + 1 rows of one sequence (one block-table row, consecutive
+        # seq_lens), beside plain decode rows, padded to a bucket
+        for Hq, Hkv, D, pt in [(32, 8, 128, 16), (16, 8, 128, 64), (4, 2, 64, 16)]:
+            groups = [1005, 300, 40]
+            rows = [(0, 1001 + j) for j in range(5)] + [(1, 300)] + [(2, 36 + j) for j in range(5)]
+            cases.append((f"verify rows (k=4, two sequences) + decode, page {pt}", Hq, Hkv, D, pt, groups, rows, 5, 5,
+                          dec_splits(16, Hkv), DEC_MIN_CHUNK, 1.0))
+        # verify rows crossing a page and a chunk boundary, batch-1 split count
+        rows = [(0, 4090 + j) for j in range(7)]
+        cases.append(("verify rows ctx 4090..4096, G=4 D=128", 32, 8, 128, 16, [4096], rows, 1, 1,
+                      dec_splits(8, 8), DEC_MIN_CHUNK, 1.0))
+        # split counts and chunk sizes
+        g, r = plain([1, 33, 4096])
+        cases.append(("S=1 (no split: bit-identical to attention_d128)", 32, 8, 128, 16, g, r, 0, 0, 1, DEC_MIN_CHUNK, 1.0))
+        cases.append(("S=128 min_chunk 32 (1-key..32-key chunks)", 32, 8, 128, 16, g, r, 0, 0, 128, 32, 1.0))
+        cases.append(("S=7 min_chunk 256, page 64", 16, 8, 128, 64, g, r, 2, 0, 7, 256, 1.0))
+        cases.append(("S=64 min_chunk 1 (rounded to 32), D=64", 8, 2, 64, 16, g, r, 0, 0, 64, 1, 1.0))
+        # sharp softmax: large scores, so the splits' maxima differ widely
+        g, r = plain([4096, 1000])
+        cases.append(("sharp softmax (q x 8), 4B heads", 32, 8, 128, 16, g, r, 0, 0, dec_splits(2, 8), DEC_MIN_CHUNK, 8.0))
+        cases.append(("sharp softmax (q x 8), G=4 D=64", 8, 2, 64, 16, g, r, 0, 0, dec_splits(2, 2), DEC_MIN_CHUNK, 8.0))
+        # other group sizes the kernel accepts (G <= 16)
+        g, r = plain([1000, 17, 4096])
+        cases.append(("Qwen2.5-0.5B heads G=7 D=64", 14, 2, 64, 16, g, r, 1, 1, dec_splits(4, 2), DEC_MIN_CHUNK, 1.0))
+        cases.append(("G=16 D=64", 16, 1, 64, 16, g, r, 0, 0, dec_splits(3, 1), DEC_MIN_CHUNK, 1.0))
+        cases.append(("G=1 D=128", 8, 8, 128, 64, g, r, 0, 0, dec_splits(3, 8), DEC_MIN_CHUNK, 1.0))
+        cases.append(("G=8 D=128 (Qwen3-32B heads)", 64, 8, 128, 16, g, r, 0, 0, dec_splits(3, 8), DEC_MIN_CHUNK, 1.0))
+
+    for ci, (name, Hq, Hkv, D, pt, groups, rows, pad_t, pad_s, S, mc, qscale) in enumerate(cases):
+        shape = (f"{name}: Hq={Hq} Hkv={Hkv} D={D} page {pt} rows={len(rows)}+{pad_t} S={S}")
+
+        def run(Hq=Hq, Hkv=Hkv, D=D, pt=pt, groups=groups, rows=rows, pad_t=pad_t, pad_s=pad_s, S=S, mc=mc,
+                qscale=qscale, ci=ci, shape=shape):
+            c = build_decode_case(groups, rows, Hq, Hkv, D, pt, layers, layer, pad_t, pad_s, seed=200 + ci,
+                                  qscale=qscale)
+            dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, mc)
+        R.case(f"attention_decode_d{D}", shape, run)
+
+    # any step is correct on the split path (the manifest uses it for one-token rows only): prefill
+    # chunks over cached context, decode tokens, padded tokens and sequences
+    mixed = [(100, 37), (499, 1), (0, 300), (0, 1), (63, 1), (15, 17), (1000, 64), (31, 33)]
+    if quick:
+        mixed = [(5, 3), (9, 1), (0, 6)]
+    for ci, (name, Hq, Hkv, D, pt, S) in enumerate([("mixed prefill/decode step, 4B heads", 32, 8, 128, 16, 8),
+                                                     ("mixed prefill/decode step, G=7 D=64", 14, 2, 64, 64, 3)]):
+        shape = f"{name}: S={S}"
+
+        def run_mixed(Hq=Hq, Hkv=Hkv, D=D, pt=pt, S=S, ci=ci, shape=shape):
+            c = build_attention_case(mixed, Hq, Hkv, D, pt, layers, layer, 3, 2, seed=300 + ci)
+            dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, DEC_MIN_CHUNK)
+        R.case(f"attention_decode_d{D}", shape, run_mixed)
+
+
 # ============================================================================ group: argmax
 def argmax_ref(x):
     a = x.detach().cpu().double().numpy()
@@ -967,6 +1198,33 @@ def g_timing(K, R, quick):
     R.case("timing", "attention", lambda: att("decode b=64 ctx=1024 (4B heads)", 32, 8, [(1023, 1)] * 64))
     R.case("timing", "attention", lambda: att("prefill 2048 (4B heads)", 32, 8, [(0, 2048)]))
 
+    def dec(name, Hq, Hkv, ctxs, pt=16, D=128):
+        """The split path (decode + combine) beside attention_dD on the same decode step."""
+        c = build_decode_case(list(ctxs), [(i, x) for i, x in enumerate(ctxs)], Hq, Hkv, D, pt, layers, layer,
+                              0, 0, seed=6)
+        T = c["Tb"]
+        S = dec_splits(T, Hkv)
+        partial = nanfull((dec_partial_floats(T, S, Hq, D),), torch.float32)
+        out = nanfull((T, Hq * D))
+        common = [P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]), I32(T),
+                  I32(c["max_pages"]), I32((Hq + 2 * Hkv) * D), I32(Hq), I32(Hkv), I32(layer), I32(layers), I32(pt),
+                  F32(D ** -0.5)]
+        us_d = K.timed(f"attention_decode_d{D}", (T, Hkv, S), (128,), [P(partial)] + common + [I32(DEC_MIN_CHUNK)])
+        us_c = K.timed(f"attention_combine_d{D}", (T, Hq), (D,), [P(out), P(partial), I32(T), I32(Hq)])
+        us_a = K.timed(f"attention_d{D}", (cdiv(T, 32 // (Hq // Hkv)) + c["Sb"], Hkv), (128,), [P(out)] + common)
+        kv_bytes = sum(ctxs) * Hkv * D * 2 * 2
+        R.add(kernel=f"attention_decode_d{D}", shape=name, status="INFO",
+              note=f"split {us_d:.1f} + combine {us_c:.1f} us (S={S}) vs attention_d{D} {us_a:.1f} us; "
+                   f"KV {kv_bytes / 1e6:.2f} MB = {kv_bytes / 4.26e6:.1f} us at 4.26 TB/s")
+
+    R.case("timing", "attention_decode", lambda: dec("decode b=1 ctx=4096 (4B heads)", 32, 8, [4096]))
+    R.case("timing", "attention_decode", lambda: dec("decode b=1 ctx=1000 (0.6B heads)", 16, 8, [1000]))
+    R.case("timing", "attention_decode", lambda: dec("decode b=1 ctx=32768 (4B heads)", 32, 8, [32768]))
+    R.case("timing", "attention_decode", lambda: dec("decode b=3 ctx=4096 (4B heads)", 32, 8, [4096] * 3))
+    R.case("timing", "attention_decode", lambda: dec("decode b=64 ctx=1024 (4B heads)", 32, 8, [1024] * 64))
+    R.case("timing", "attention_decode", lambda: dec("decode b=1 ctx=4096 (Qwen2.5-0.5B heads)", 14, 2, [4096],
+                                                     D=64))
+
     def norm(n, H):
         x = randn((n, H), 1)
         w = randn((H,), 2)
@@ -1006,7 +1264,8 @@ def g_timing(K, R, quick):
 
 
 GROUP_FNS = {"rowwise": g_rowwise, "kv_write": g_kv_write, "qk_norm_rope": g_qk_norm_rope,
-             "attention": g_attention, "argmax": g_argmax, "sample": g_sample, "timing": g_timing}
+             "attention": g_attention, "attention_decode": g_attention_decode, "argmax": g_argmax,
+             "sample": g_sample, "timing": g_timing}
 
 
 # ============================================================================ mock kernels (CPU self-test)
@@ -1130,6 +1389,65 @@ def _m_attention(grid, block, out, q, pool, bt, seq_lens, qs, S, T, max_pages, q
         _flat(out)[t * Hq * D:(t + 1) * Hq * D] = 0
 
 
+def _m_attention_decode(grid, block, partial, q, pool, bt, seq_lens, qs, S, T, max_pages, q_stride, Hq, Hkv,
+                        layer, L, pt, scale, min_chunk, D):
+    """attention_decode.cu's algorithm: per token, split and head, the record (o unnormalized, m in
+    the log2 domain, l) and the header of active splits."""
+    G = Hq // Hkv
+    nsplit = grid[2]
+    hdr = cdiv(T, 4) * 4
+    kmax = dec_token_kmax(qs, seq_lens, S, T)
+    pf = _flat(partial)
+    row_of = {}
+    qsl = [int(x) for x in qs.tolist()]
+    for s in range(S):
+        for t in range(qsl[s], qsl[s + 1]):
+            row_of[t] = s
+    for t in range(T):
+        chunk, act = dec_chunking(kmax[t], nsplit, min_chunk)
+        pf[t] = float(act)
+        if act == 0:
+            continue
+        s = row_of[t]
+        ks, vs = [], []
+        for j in range(kmax[t]):
+            page = int(bt.view(-1)[s * max_pages + j // pt])
+            ks.append(_flat(pool)[_m_kv_off(page, j % pt, layer, 0, L, pt, Hkv, D):][:Hkv * D].view(Hkv, D).float())
+            vs.append(_flat(pool)[_m_kv_off(page, j % pt, layer, 1, L, pt, Hkv, D):][:Hkv * D].view(Hkv, D).float())
+        k = torch.stack(ks).repeat_interleave(G, dim=1)   # [keys, Hq, D]
+        v = torch.stack(vs).repeat_interleave(G, dim=1)
+        qq = _flat(q)[t * q_stride:t * q_stride + Hq * D].view(Hq, D).float()
+        for sp in range(act):
+            k0, k1 = sp * chunk, min(sp * chunk + chunk, kmax[t])
+            sc = torch.einsum("hd,chd->hc", qq, k[k0:k1]) * (scale * 1.4426950408889634)
+            m = sc.max(-1).values
+            p = torch.exp2(sc - m[:, None])
+            o = torch.einsum("hc,chd->hd", p, v[k0:k1])
+            for h in range(Hq):
+                r = hdr + ((sp * T + t) * Hq + h) * (D + 4)
+                pf[r:r + D] = o[h]
+                pf[r + D] = m[h]
+                pf[r + D + 1] = p[h].sum()
+
+
+def _m_attention_combine(grid, block, out, partial, T, Hq, D):
+    hdr = cdiv(T, 4) * 4
+    pf = _flat(partial)
+    for t in range(T):
+        n = int(pf[t])
+        for h in range(Hq):
+            dst = _flat(out)[(t * Hq + h) * D:(t * Hq + h + 1) * D]
+            if n <= 0:
+                dst[:] = 0
+                continue
+            recs = [hdr + ((sp * T + t) * Hq + h) * (D + 4) for sp in range(n)]
+            ms = torch.stack([pf[r + D] for r in recs])
+            w = torch.exp2(ms - ms.max())
+            lsum = sum(float(pf[r + D + 1]) * float(w[i]) for i, r in enumerate(recs))
+            acc = sum(pf[r:r + D] * w[i] for i, r in enumerate(recs))
+            dst[:] = (acc * (1.0 / lsum)).to(BF)
+
+
 def _m_argmax(grid, block, out, x, S, V):
     for s, a in enumerate(argmax_ref(x.view(-1)[:S * V].view(S, V))):
         out[s] = a
@@ -1167,6 +1485,10 @@ MOCKS = {
     "gather_last": _m_gather_last, "kv_write": _m_kv_write, "qk_norm_rope": _m_qk_norm_rope,
     "attention_d128": lambda *a: _m_attention(*a, D=128), "attention_d64": lambda *a: _m_attention(*a, D=64),
     "argmax": _m_argmax, "sample": _m_sample,
+    "attention_decode_d128": lambda *a: _m_attention_decode(*a, D=128),
+    "attention_decode_d64": lambda *a: _m_attention_decode(*a, D=64),
+    "attention_combine_d128": lambda *a: _m_attention_combine(*a, D=128),
+    "attention_combine_d64": lambda *a: _m_attention_combine(*a, D=64),
 }
 
 
