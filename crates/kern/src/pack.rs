@@ -58,6 +58,11 @@ pub struct Args {
     /// Draft tokens per verify step, 1 to 16 (the manifest's `speculative.k`; default 4).
     #[arg(long, value_name = "K", requires = "draft")]
     draft_k: Option<u64>,
+    /// Attention of decode and verify steps (every row one token): `plain` (the attention
+    /// kernel of every step) or `split` (split-KV kernels that spread each sequence's context
+    /// over many CTAs; packs/qwen3/KERNELS.md, attention_decode; not yet verified on a GPU).
+    #[arg(long, value_name = "KIND", default_value = "plain")]
+    decode_attention: kern_pack_qwen3::DecodeAttention,
 }
 
 fn model_type(config: &Path) -> Result<String> {
@@ -81,6 +86,7 @@ fn options(args: &Args) -> kern_pack_qwen3::PackOptions {
         page_tokens: args.page_tokens,
         tp: args.tp,
         draft: args.draft.map(|kind| kern_pack_qwen3::Draft { kind, k: args.draft_k.unwrap_or(kern_pack_qwen3::manifest::DEFAULT_DRAFT_K) }),
+        decode_attention: args.decode_attention,
     }
 }
 
@@ -308,6 +314,35 @@ mod tests {
         let e = pack("bad", &["--draft", "self", "--draft-k", "0"]).unwrap_err();
         assert!(e.contains("--draft-k 0: the draft proposes 1 to 16 tokens"), "{e}");
         assert!(!dir.join("bad").exists(), "nothing is written for a refused draft");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// `--decode-attention split` reaches the pack options (default `plain`), and `kern pack`
+    /// writes a manifest with the split-KV kernels that passes the check (run() loads it as
+    /// `kern check` does).
+    #[test]
+    fn kern_pack_decode_attention_split() {
+        use kern_pack_qwen3::DecodeAttention;
+        let da = |rest: &[&str]| parse(&[&["--config", "config.json", "-o", "out"][..], rest].concat()).map(|a| options(&a).decode_attention);
+        assert_eq!(da(&[]).unwrap(), DecodeAttention::Plain);
+        assert_eq!(da(&["--decode-attention", "split"]).unwrap(), DecodeAttention::Split);
+        let e = da(&["--decode-attention", "flash"]).unwrap_err();
+        assert!(e.contains("unknown decode attention `flash`") && e.contains("split"), "{e}");
+
+        let dir = std::env::temp_dir().join(format!("kern-pack-cli-split-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = kern_pack_qwen3::config::preset("qwen3-0.6b").unwrap();
+        let config = dir.join("config.json");
+        std::fs::write(&config, serde_json::to_string(&cfg.to_hf_json()).unwrap()).unwrap();
+        let kernels = kernels();
+        let out = dir.join("split");
+        let args = ["--config", config.to_str().unwrap(), "-o", out.to_str().unwrap(), "--kernels", kernels.to_str().unwrap(), "--max-tokens", "64", "--max-seqs", "8", "--max-context", "512", "--decode-attention", "split"];
+        run(parse(&args).unwrap()).unwrap();
+        let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("model.json")).unwrap()).unwrap();
+        let entries: Vec<&str> = m["ops"]["attention"]["impl"]["launches"].as_array().unwrap().iter().map(|l| l["entry"].as_str().unwrap()).collect();
+        assert_eq!(entries, ["attention_d128", "attention_decode_d128", "attention_combine_d128"]);
+        assert!(out.join("attention_decode.sm_90a.cubin").exists());
         std::fs::remove_dir_all(&dir).ok();
     }
 }

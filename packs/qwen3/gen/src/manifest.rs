@@ -34,12 +34,93 @@ pub struct PackOptions {
     /// state (`draft_kv`, on the same pages as `kv`) and the `speculative` section. `None`: the
     /// manifest without them, unchanged.
     pub draft: Option<Draft>,
+    /// How steps whose rows are all one token (decode and speculative verify steps) run
+    /// attention (issue 15): [`DecodeAttention::Plain`] (the default) keeps `attention_dD`
+    /// for every step; [`DecodeAttention::Split`] adds the split-KV kernels for them.
+    pub decode_attention: DecodeAttention,
 }
 
 impl Default for PackOptions {
     fn default() -> Self {
-        PackOptions { kernels: PathBuf::from("build/packs/qwen3"), max_tokens: 512, max_seqs: 64, max_context: 4096, page_tokens: 16, tp: None, draft: None }
+        PackOptions {
+            kernels: PathBuf::from("build/packs/qwen3"),
+            max_tokens: 512,
+            max_seqs: 64,
+            max_context: 4096,
+            page_tokens: 16,
+            tp: None,
+            draft: None,
+            decode_attention: DecodeAttention::Plain,
+        }
     }
+}
+
+/// Decode attention (`--decode-attention`): which kernels attend for decode-shaped steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecodeAttention {
+    /// `plain`: `attention_dD` (attention.cu) for every step: one CTA per (sequence, kv head)
+    /// at decode, so batch 1 runs `Hkv` CTAs.
+    #[default]
+    Plain,
+    /// `split`: steps with `tokens <= seqs` (every row one token) run the split-KV kernels of
+    /// the module `attention_decode` (`attention_decode_dD` over `seqs × Hkv × S` CTAs, then
+    /// `attention_combine_dD`; packs/qwen3/KERNELS.md), other steps `attention_dD`. Needs
+    /// `Hq / Hkv <= 16`. Not yet verified on a GPU: off by default.
+    Split,
+}
+
+/// The values `--decode-attention` takes, for error messages and help.
+pub const DECODE_ATTENTION_KINDS: &str = "plain (attention_dD for every step), split (split-KV kernels for one-token rows)";
+
+impl std::str::FromStr for DecodeAttention {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "plain" => Ok(DecodeAttention::Plain),
+            "split" => Ok(DecodeAttention::Split),
+            _ => Err(format!("unknown decode attention `{s}`: supported: {DECODE_ATTENTION_KINDS}")),
+        }
+    }
+}
+
+impl std::fmt::Display for DecodeAttention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DecodeAttention::Plain => "plain",
+            DecodeAttention::Split => "split",
+        })
+    }
+}
+
+/// The module of the split-KV decode kernels (`--decode-attention split`).
+pub const DECODE_MODULE: &str = "attention_decode";
+
+/// Split-KV decode attention: the split count of a decode step is
+/// `min(DECODE_MAX_SPLITS, ceil(DECODE_TARGET_CTAS / (seqs × Hkv)))` — about two CTAs per SM of
+/// the H200's 132 (the kernel fits five per SM) — and a split holds at least
+/// `DECODE_MIN_CHUNK` keys, so short contexts use fewer splits (the kernel decides per row; see
+/// packs/qwen3/KERNELS.md). `packs/qwen3/tests` use the same numbers.
+pub const DECODE_TARGET_CTAS: u64 = 264;
+/// The most splits per (row, kv head) a decode step launches (the kernel takes up to 128).
+pub const DECODE_MAX_SPLITS: u64 = 64;
+/// The fewest keys in one split (rounded up to 32 by the kernel).
+pub const DECODE_MIN_CHUNK: u64 = 64;
+/// The most query heads per kv head the split kernel takes.
+pub const DECODE_MAX_GROUP: u64 = 16;
+
+/// The split count of a decode step with `seqs` rows and `hkv` kv heads, as the manifest's grid
+/// computes it.
+pub fn decode_splits(seqs: u64, hkv: u64) -> u64 {
+    DECODE_TARGET_CTAS.div_ceil(seqs * hkv).clamp(1, DECODE_MAX_SPLITS)
+}
+
+/// Floats of the split kernel's scratch (`attn_partial`) for every decode step the vars allow
+/// (`tokens <= seqs`): a header of `tokens` rounded up to 4, then `splits × tokens × hq`
+/// records of `d + 4` floats.
+pub fn decode_scratch_floats(max_tokens: u64, max_seqs: u64, hkv: u64, hq: u64, d: u64) -> u64 {
+    let rows = (1..=max_seqs).map(|s| decode_splits(s, hkv) * s.min(max_tokens)).max().unwrap_or(0);
+    max_seqs.min(max_tokens).div_ceil(4) * 4 + rows * hq * (d + 4)
 }
 
 /// A draft for speculative decoding written from the target's own weights.
@@ -155,9 +236,13 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     if opts.max_tokens == 0 || opts.max_seqs == 0 || opts.max_context == 0 || opts.page_tokens == 0 {
         return Err(PackError::Config("max tokens, seqs, context and page tokens must all be positive".into()));
     }
+    if opts.decode_attention == DecodeAttention::Split {
+        check_split_decode(cfg).map_err(PackError::Config)?;
+    }
     std::fs::create_dir_all(out).map_err(io(out))?;
     let mut modules = Map::new();
-    for m in MODULES {
+    let split = (opts.decode_attention == DecodeAttention::Split).then_some(DECODE_MODULE);
+    for m in MODULES.iter().copied().chain(split) {
         let src = opts.kernels.join(format!("{m}.sm_90a.cubin"));
         let bytes = std::fs::read(&src).map_err(|e| {
             PackError::Config(format!("{}: {e}: build the pack's kernels first (bash packs/qwen3/build.sh) or pass --kernels DIR", src.display()))
@@ -174,6 +259,23 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     let text = serde_json::to_string_pretty(&m).map_err(|e| PackError::Config(e.to_string()))?;
     std::fs::write(&path, text + "\n").map_err(io(&path))?;
     Ok(path)
+}
+
+/// Whether the split-KV decode kernels take `cfg`'s attention shape (`--decode-attention split`).
+pub fn check_split_decode(cfg: &Config) -> std::result::Result<(), String> {
+    let (hq, hkv, d) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
+    let mut why = vec![];
+    if d != 64 && d != 128 {
+        why.push(format!("head_dim {d} (the kernels are built for 64 and 128)"));
+    }
+    if hkv == 0 || !hq.is_multiple_of(hkv) || hq / hkv > DECODE_MAX_GROUP {
+        why.push(format!("{hq} query heads over {hkv} kv heads (the kernel takes whole groups of at most {DECODE_MAX_GROUP} query heads per kv head)"));
+    }
+    if why.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("--decode-attention split: {}; pack with --decode-attention plain", why.join("; ")))
+    }
 }
 
 /// Whether `cfg` splits over `tp` ranks: attention heads, kv heads and the intermediate size
@@ -324,6 +426,13 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     b.insert("h".into(), bf16(json!(["tokens", d.h])));
     b.insert("qkv".into(), bf16(json!(["tokens", d.qkv])));
     b.insert("attn".into(), bf16(json!(["tokens", d.hq * d.d])));
+    let split = opts.decode_attention == DecodeAttention::Split;
+    if split {
+        // The split kernel's fp32 partial results (decode steps only), sized for every decode
+        // step the vars allow.
+        let n = decode_scratch_floats(opts.max_tokens, opts.max_seqs, d.hkv, d.hq, d.d);
+        b.insert("attn_partial".into(), json!({"dtype": "f32", "shape": [n]}));
+    }
     b.insert("o".into(), bf16(json!(["tokens", d.h])));
     b.insert("gate_up".into(), bf16(json!(["tokens", 2 * d.i])));
     b.insert("act".into(), bf16(json!(["tokens", d.i])));
@@ -394,17 +503,44 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                          {"param": 7}, {"i32": d.hq}, {"i32": d.hkv}, {"i32": d.d}, {"param": 8}, {"i32": num_layers},
                          {"i32": opts.page_tokens}, {"f32": cfg.rope_theta}, {"f32": eps}, {"i32": rope_flags}]}]}})
     };
+    let scale = 1.0 / (d.d as f64).sqrt();
     let attention_op = |num_layers: u64| {
-        json!({
-            "params": ["out buffer<bf16>", "in buffer<bf16>", "state", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>", "i32", "i32", "i32", "i32"],
-            "impl": {"launches": [{
-                "module": "attention", "entry": attn_entry,
-                "params": ["out buffer<bf16>", "in buffer<bf16>", "ptr", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>",
-                           "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32"],
-                "block": [128], "grid": [format!("ceil(tokens/{bq})+seqs"), d.hkv],
-                "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5},
-                         {"param": 6}, {"param": 7}, {"param": 8}, {"i32": d.qkv}, {"i32": d.hq}, {"i32": d.hkv}, {"param": 9},
-                         {"i32": num_layers}, {"i32": opts.page_tokens}, {"f32": 1.0 / (d.d as f64).sqrt()}]}]}})
+        let plain = json!({
+            "module": "attention", "entry": attn_entry,
+            "params": ["out buffer<bf16>", "in buffer<bf16>", "ptr", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>",
+                       "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32"],
+            "block": [128], "grid": [format!("ceil(tokens/{bq})+seqs"), d.hkv],
+            "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5},
+                     {"param": 6}, {"param": 7}, {"param": 8}, {"i32": d.qkv}, {"i32": d.hq}, {"i32": d.hkv}, {"param": 9},
+                     {"i32": num_layers}, {"i32": opts.page_tokens}, {"f32": scale}]});
+        let params = json!(["out buffer<bf16>", "in buffer<bf16>", "state", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>", "i32", "i32", "i32", "i32"]);
+        if !split {
+            return json!({"params": params, "impl": {"launches": [plain]}});
+        }
+        // Per-size choice (docs/manifest.md: a grid <= 0 skips its launch): steps with
+        // tokens <= seqs (every row one token: decode and verify steps, at their CUDA-graph
+        // buckets too) run the split-KV kernels, the others attention_dD. The last param is
+        // the scratch (attn_partial) the combine reads.
+        let decode = "max(0, min(1, seqs - tokens + 1))";
+        let mut prefill = plain;
+        prefill["grid"][0] = json!(format!("(ceil(tokens/{bq})+seqs) * max(0, min(1, tokens - seqs))"));
+        let splits = format!("min({DECODE_MAX_SPLITS}, cdiv({DECODE_TARGET_CTAS}, seqs * {}))", d.hkv);
+        let mut params = params;
+        params.as_array_mut().expect("array").push(json!("out buffer<f32>"));
+        json!({"params": params, "impl": {"launches": [
+            prefill,
+            {"module": DECODE_MODULE, "entry": format!("attention_decode_d{}", d.d),
+             "params": ["out buffer<f32>", "in buffer<bf16>", "ptr", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>",
+                        "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32", "i32"],
+             "block": [128], "grid": [format!("tokens * {decode}"), d.hkv, splits],
+             "args": [{"param": 10}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5},
+                      {"param": 6}, {"param": 7}, {"param": 8}, {"i32": d.qkv}, {"i32": d.hq}, {"i32": d.hkv}, {"param": 9},
+                      {"i32": num_layers}, {"i32": opts.page_tokens}, {"f32": scale}, {"i32": DECODE_MIN_CHUNK}]},
+            {"module": DECODE_MODULE, "entry": format!("attention_combine_d{}", d.d),
+             "params": ["out buffer<bf16>", "in buffer<f32>", "i32", "i32"],
+             "block": [d.d], "grid": [format!("tokens * {decode}"), d.hq],
+             "args": [{"param": 0}, {"param": 10}, {"param": 7}, {"i32": d.hq}]}
+        ]}})
     };
     let mut ops = json!({
         "embedding": {"params": ["out buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "i32"], "impl": {"launches": [{
@@ -467,8 +603,11 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
             let rb = if bias { format!("{p}.self_attn.qkv_proj.bias") } else { format!("{p}.input_layernorm.weight") };
             calls.push(json!({"label": format!("l{l}.qk_norm_rope"), "op": rope,
                 "args": [buf("qkv"), {"state": kv}, buf(&qn), buf(&kn), buf(&rb), buf("positions"), buf("slot_mapping"), var("tokens"), {"i32": l}]}));
-            calls.push(json!({"label": format!("l{l}.attention"), "op": attention,
-                "args": [buf("attn"), buf("qkv"), {"state": kv}, buf("block_tables"), buf("seq_lens"), buf("query_start"), var("seqs"), var("tokens"), var("pages"), {"i32": l}]}));
+            let mut attn_args = vec![buf("attn"), buf("qkv"), json!({"state": kv}), buf("block_tables"), buf("seq_lens"), buf("query_start"), var("seqs"), var("tokens"), var("pages"), json!({"i32": l})];
+            if split {
+                attn_args.push(buf("attn_partial"));
+            }
+            calls.push(json!({"label": format!("l{l}.attention"), "op": attention, "args": attn_args}));
             calls.push(json!({"label": format!("l{l}.o_proj"), "op": "o_proj", "args": [buf("attn"), buf(&format!("{p}.self_attn.o_proj.weight")), {"null": true}, buf("o"), var("tokens")]}));
             if opts.tp.is_some() {
                 calls.push(all_reduce(format!("l{l}.o_proj.all_reduce"), "o"));
