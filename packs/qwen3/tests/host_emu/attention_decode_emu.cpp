@@ -1,9 +1,16 @@
 // Runs packs/qwen3/kernels/attention_decode.cu on the CPU (emu.h) against an fp64 reference:
-// decode and verify rows, padded tokens and sequences, several split counts and both head dims.
+// decode and verify rows, padded tokens and sequences, several split counts and both head dims;
+// rows that take one split must be bit-identical to attention.cu's attention_dD (run the same way).
 // Checks the logic (token lookup, chunking, scratch layout, combine), not GPU behaviour.
 //
 //   bash packs/qwen3/tests/host_emu/run.sh
 #include "../../kernels/attention_decode.cu"
+
+// attention_emu.cpp: attention.cu's entries (another translation unit).
+extern "C" void attention_d128(kern::bf16*, const kern::bf16*, const kern::bf16*, const int*, const int*, const int*, int,
+                               int, int, int, int, int, int, int, int, float);
+extern "C" void attention_d64(kern::bf16*, const kern::bf16*, const kern::bf16*, const int*, const int*, const int*, int,
+                              int, int, int, int, int, int, int, int, float);
 
 #include <algorithm>
 #include <random>
@@ -110,6 +117,18 @@ static bool run_case(const Case& c, unsigned seed) {
         else
             attention_combine_d64(op, partial.data(), T, Hq);
     });
+    // attention_dD on the same inputs: rows of one split must be bit-identical to it
+    std::vector<uint16_t> att((size_t)T * Hq * D, BF_NAN);
+    auto* ap = reinterpret_cast<kern::bf16*>(att.data());
+    emu_launch(uint3_{(unsigned)(cdiv(T, 32 / G) + Sb), (unsigned)Hkv, 1}, 128, [&] {
+        if (D == 128)
+            attention_d128(ap, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer, layers, pt,
+                           scale);
+        else
+            attention_d64(ap, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer, layers, pt,
+                          scale);
+    });
+    int single_rows = 0, single_diff = 0;
     // reference (fp64) and checks
     double err = 0, mx = 0;
     int bad_hdr = 0, bad_pad = 0, bad_guard = 0, nonfinite = 0, max_act = 0;
@@ -123,6 +142,10 @@ static bool run_case(const Case& c, unsigned seed) {
             const int act = cdiv(kmax, chunk);
             max_act = std::max(max_act, act);
             if (partial[t] != (float)act) ++bad_hdr;
+            if (act == 1) {
+                ++single_rows;
+                for (int e = 0; e < Hq * D; ++e) single_diff += out[(size_t)t * Hq * D + e] != att[(size_t)t * Hq * D + e];
+            }
             for (int h = 0; h < Hq; ++h) {
                 const int kh = h / G;
                 std::vector<double> sc(kmax);
@@ -155,10 +178,11 @@ static bool run_case(const Case& c, unsigned seed) {
     for (int e = 0; e < Hq * D; ++e) bad_guard += out[(size_t)T * Hq * D + e] != BF_NAN;
     for (size_t e = nP; e < partial.size(); ++e) bad_guard += !std::isnan(partial[e]);
     const double tol = std::ldexp(mx, -7);
-    const bool ok = err <= tol && !bad_hdr && !bad_pad && !bad_guard && !nonfinite;
+    const bool ok = err <= tol && !bad_hdr && !bad_pad && !bad_guard && !nonfinite && !single_diff;
     std::printf("[%s] %s: Hq=%d Hkv=%d D=%d page %d rows %d+%d S=%d min_chunk %d: max err %.3e (tol %.3e), up to %d active "
-                "splits%s%s%s%s\n",
+                "splits, %d single-split rows %s attention_d%d%s%s%s%s\n",
                 ok ? "PASS" : "FAIL", c.name.c_str(), Hq, Hkv, D, pt, n_tok, c.pad_t, c.S, c.min_chunk, err, tol, max_act,
+                single_rows, single_diff ? "NOT bit-identical to" : "bit-identical to", D,
                 bad_hdr ? ", BAD HEADER" : "", bad_pad ? ", padded rows not zero" : "", bad_guard ? ", GUARD WRITTEN" : "",
                 nonfinite ? ", NON-FINITE" : "");
     return ok;
