@@ -55,7 +55,7 @@ fn split_decode_attention_passes_kern_check_and_runs_for_one_token_steps_only() 
             }
         }
         for (tokens, seqs) in [(2, 1), (mt, 1), (mt, ms.min(mt - 1)), (17, 16)] {
-            assert_eq!(live(&m, "attention", tokens, seqs), [plain.clone()], "{name}: tokens {tokens} seqs {seqs}");
+            assert_eq!(live(&m, "attention", tokens, seqs), std::slice::from_ref(&plain), "{name}: tokens {tokens} seqs {seqs}");
         }
         let op = &m.ops[m.op("attention").unwrap().0];
         let launch = op.launches.iter().find(|l| l.entry == split).unwrap();
