@@ -12,6 +12,7 @@
 #   SHA-256 (or set KERN_GGUF to a file already there).
 #
 #   bash scripts/gpu/real_model.sh [extra real_model.py args]
+#   python3 scripts/gpu/real_layers.py --gguf "$KERN_GGUF"   # afterwards: the error layer by layer
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 GGUF="${KERN_GGUF:-/tmp/qwen2.5-coder-0.5b-q4km.gguf}"
