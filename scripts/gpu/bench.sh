@@ -31,6 +31,10 @@ R=${OUT:-/tmp/kern-out}/bench
 PEER_MODES=${PEER_MODES:-graph}
 REPEAT=${REPEAT:-3}
 STEPS=${STEPS:-128}
+# Extra arguments for every `kern pack` and every `kern bench` (A/B of a lever, e.g.
+# PACK_ARGS="--decode-attention split" or BENCH_ARGS="--blocking-steps").
+read -r -a PACK_EXTRA <<<"${PACK_ARGS:-}"
+read -r -a BENCH_EXTRA <<<"${BENCH_ARGS:-}"
 TABLE="python3 scripts/gpu/bench_table.py"
 T0=$SECONDS
 
@@ -121,7 +125,7 @@ while read -r preset pack; do
     *) die "bench_table.py plan names an unknown pack '$pack'" ;;
   esac
   log "$preset: kern pack ($pack: ${args[*]}) -> $out"
-  if "$K" pack --config "$d/config.json" -o "$out" --kernels "$KD" "${args[@]}" </dev/null >"$W/$preset-$pack-pack.log" 2>&1; then
+  if "$K" pack --config "$d/config.json" -o "$out" --kernels "$KD" "${args[@]}" ${PACK_EXTRA[@]+"${PACK_EXTRA[@]}"} </dev/null >"$W/$preset-$pack-pack.log" 2>&1; then
     pack_ok[$preset-$pack]=1
   else
     log "FAILED: kern pack $preset ($pack): see $W/$preset-$pack-pack.log"
@@ -141,14 +145,14 @@ while read -r id preset pack kind batch context ptoks; do
   case $kind in
     decode)
       log "$id: kern bench --batch $batch --context $context"
-      measure "kern bench $id" "$R/kern-$id.1.json" "$K" bench --model "$dir" --batch "$batch" --context "$context" --steps "$STEPS" --warmup 8 --json
+      measure "kern bench $id" "$R/kern-$id.1.json" "$K" bench --model "$dir" --batch "$batch" --context "$context" --steps "$STEPS" --warmup 8 --json ${BENCH_EXTRA[@]+"${BENCH_EXTRA[@]}"}
       [[ -f $R/kern-$id.1.json ]] && log "$id: $(python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).read().splitlines()[-1]); print(f\"median {r['median_ms']:.3f} ms, floor {r['floor_ms']}\")" "$R/kern-$id.1.json" 2>/dev/null || echo '(unreadable)')"
       prof=(--batch "$batch" --context "$context")
       peer_args=(--batch "$batch" --prompt "$context") ;;
     prefill)
       for i in $(seq 1 "$REPEAT"); do
         log "$id: kern bench --prompt-tokens $ptoks (run $i of $REPEAT)"
-        measure "kern bench $id run $i" "$R/kern-$id.$i.json" "$K" bench --model "$dir" --prompt-tokens "$ptoks" --json
+        measure "kern bench $id run $i" "$R/kern-$id.$i.json" "$K" bench --model "$dir" --prompt-tokens "$ptoks" --json ${BENCH_EXTRA[@]+"${BENCH_EXTRA[@]}"}
       done
       prof=(--prefill --batch 1 --context "$ptoks")
       peer_args=(--prefill "$ptoks") ;;

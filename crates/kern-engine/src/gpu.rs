@@ -24,11 +24,15 @@ pub struct LoadOptions {
     pub capture_at_start: bool,
     /// GPUs of a tensor-parallel manifest, one per rank (empty: `device`, `device + 1`, …).
     pub devices: Vec<usize>,
+    /// Steps the old way — a blocking copy per step input and a waited run — instead of one
+    /// pinned upload and a queued run: to measure what the host path costs
+    /// (`kern bench --blocking-steps`), or to rule it out.
+    pub blocking_steps: bool,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { device: 0, gpu_mem: None, graphs: true, capture_at_start: false, devices: Vec::new() }
+        LoadOptions { device: 0, gpu_mem: None, graphs: true, capture_at_start: false, devices: Vec::new(), blocking_steps: false }
     }
 }
 
@@ -102,6 +106,14 @@ impl Exec {
         }
     }
 
+    /// A blocking copy into `b` (every rank's), after all work queued in the context.
+    fn write_buffer(&self, b: BufferId, bytes: &[u8]) -> kern_runtime::Result<()> {
+        match self {
+            Exec::One(r) => r.write_buffer(b, bytes),
+            Exec::Tp(p) => p.write_buffer(b, bytes),
+        }
+    }
+
     /// Step inputs: one pinned staging upload, asynchronous on the stream (every rank's).
     fn upload(&mut self, writes: &[(BufferId, &[u8])]) -> kern_runtime::Result<()> {
         match self {
@@ -155,6 +167,7 @@ pub struct GpuModel {
     info: ModelInfo,
     graphs: bool,
     capture_at_start: bool,
+    blocking_steps: bool,
     last_gpu_ms: Option<f32>,
     nvars: usize,
     pub report: LoadReport,
@@ -277,7 +290,7 @@ impl GpuModel {
             (None, _) => 0,
         };
         let report = LoadReport { device_name: props.name.clone(), weight_bytes, load_secs: t0.elapsed().as_secs_f64(), pages, page_tokens };
-        Ok(GpuModel { rt, pools, offload: None, step, draft, info, graphs: opts.graphs, capture_at_start: opts.capture_at_start, last_gpu_ms: None, nvars, report, _ctx: ctx })
+        Ok(GpuModel { rt, pools, offload: None, step, draft, info, graphs: opts.graphs, capture_at_start: opts.capture_at_start, blocking_steps: opts.blocking_steps, last_gpu_ms: None, nvars, report, _ctx: ctx })
     }
 
     /// Copies the step's arrays into the buffers `abi` binds: one asynchronous upload from
@@ -303,6 +316,12 @@ impl GpuModel {
             writes.push((sm.top_p, f32s(&st.top_p)));
             writes.push((sm.seeds, st.seeds.iter().flat_map(|x| x.to_le_bytes()).collect()));
         }
+        if self.blocking_steps {
+            for (b, v) in &writes {
+                self.rt.write_buffer(*b, v).map_err(err)?;
+            }
+            return Ok(());
+        }
         let refs: Vec<(BufferId, &[u8])> = writes.iter().map(|(b, v)| (*b, v.as_slice())).collect();
         self.rt.upload(&refs).map_err(err)
     }
@@ -323,16 +342,21 @@ impl GpuModel {
         vars[abi.seqs.0] = st.num_seqs as i64;
         vars[abi.pages.0] = self.info.pages_per_seq as i64;
         let mode = if st.is_decode() && self.graphs { Mode::Graph } else { Mode::Eager { sync_each: false } };
-        if st.real_seqs == 0 {
+        if st.real_seqs == 0 || self.blocking_steps {
             let stats = self.rt.run(prog, &vars, mode).map_err(err)?;
             self.last_gpu_ms = Some(stats.gpu_ms);
+        } else {
+            self.rt.enqueue_run(prog, &vars, mode).map_err(err)?;
+        }
+        if st.real_seqs == 0 {
             return Ok(StepOutput::default());
         }
-        self.rt.enqueue_run(prog, &vars, mode).map_err(err)?;
         let mut bytes = vec![0u8; st.real_seqs * 4];
         self.rt.read_into(abi.sampled, &mut bytes).map_err(err)?;
-        // Free now: the readback has waited for the run.
-        self.last_gpu_ms = self.rt.last_gpu_ms().map_err(err)?;
+        if !self.blocking_steps {
+            // Free now: the readback has waited for the run.
+            self.last_gpu_ms = self.rt.last_gpu_ms().map_err(err)?;
+        }
         let sampled = bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         let logits = match (want_logits, abi.logits) {
             (true, Some(b)) => {

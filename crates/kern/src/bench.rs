@@ -45,6 +45,10 @@ pub struct Args {
     /// Run decode steps eagerly (no CUDA graphs).
     #[arg(long)]
     no_graph: bool,
+    /// Copy each step input with a blocking copy and wait for each run, as kern did before one
+    /// pinned upload per step: measures what the host path saves.
+    #[arg(long)]
+    blocking_steps: bool,
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     device: usize,
@@ -81,7 +85,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         (e, "fake".to_string())
     } else {
         let dir = crate::model_dir::resolve_model(a.model.as_deref())?;
-        let opts = LoadOptions { device: a.device, gpu_mem: None, graphs: !a.no_graph, capture_at_start: !a.no_graph, devices: Vec::new() };
+        let opts = LoadOptions { device: a.device, gpu_mem: None, graphs: !a.no_graph, capture_at_start: !a.no_graph, devices: Vec::new(), blocking_steps: a.blocking_steps };
         let e = Engine::start(cfg, None, crate::generate::loader(dir.clone(), opts, Arc::new(Mutex::new(None))));
         (e, dir.display().to_string())
     };

@@ -134,7 +134,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
 
     let report = Arc::new(Mutex::new(None));
-    let opts = LoadOptions { device: args.device, gpu_mem: None, graphs: !args.no_graph, capture_at_start: false, devices: args.devices.clone() };
+    let opts = LoadOptions { device: args.device, gpu_mem: None, graphs: !args.no_graph, capture_at_start: false, devices: args.devices.clone(), blocking_steps: false };
     let cfg = EngineConfig {
         max_batched_tokens: args.chunk,
         eos: tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),

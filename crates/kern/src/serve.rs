@@ -171,7 +171,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 Ok(Box::new(m) as Box<dyn Model>)
             })
         } else {
-            let opts = LoadOptions { device: args.device, gpu_mem: args.gpu_mem, graphs: !args.no_graph, capture_at_start: !args.no_graph, devices: args.devices.clone() };
+            let opts = LoadOptions { device: args.device, gpu_mem: args.gpu_mem, graphs: !args.no_graph, capture_at_start: !args.no_graph, devices: args.devices.clone(), blocking_steps: false };
             Engine::start(cfg, tokenizer.clone(), crate::generate::loader(dir.clone(), opts, report.clone()))
         };
         let state = AppState::new(engine.clone(), tokenizer, ServerConfig { served_model_names: names, api_key, max_logprobs: args.max_logprobs, defaults, chat_template, root: dir.display().to_string() });
