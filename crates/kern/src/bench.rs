@@ -113,13 +113,15 @@ pub fn run(a: Args) -> Result<ExitCode> {
             if a.batch > info.max_seqs {
                 bail!("--batch {} is above the model's {} sequences per step (pack it with a larger --max-seqs)", a.batch, info.max_seqs);
             }
-            // With drafts a step generates up to k + 1 tokens per sequence: ask for enough.
+            // With drafts a step generates up to k + 1 tokens per sequence: ask for enough. Twice
+            // the steps needed, because the sequences may not start in the same step (a request
+            // submitted while a step runs joins the next one) and only full-batch steps count.
             let per_step = match a.spec.config()? {
                 Some(sp) if sp.k == 0 => info.model.draft_k.unwrap_or(16) + 1,
                 Some(sp) => sp.k + 1,
                 None => 1,
             };
-            let max_tokens = ((a.warmup + a.steps + 1) * per_step).min(info.limits.max_context.saturating_sub(a.context).max(1));
+            let max_tokens = (2 * (a.warmup + a.steps + 1) * per_step).min(info.limits.max_context.saturating_sub(a.context).max(1));
             let mut hs = Vec::new();
             for i in 0..a.batch {
                 hs.push(engine.submit(Request { ignore_eos: true, ..Request::new(prompt(i as u64 + 1, a.context), max_tokens) }).map_err(|e| anyhow!("sequence {i}: {e}"))?);
