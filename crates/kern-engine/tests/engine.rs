@@ -329,7 +329,10 @@ fn a_draft_program_gives_the_same_tokens_and_a_perfect_draft_is_always_accepted(
     let plain = start(FakeModel::new(info(30, 8, 64), rule.clone()), EngineConfig::default(), false);
     let spec = Some(kern_sched::SpecConfig::program(0));
     for (draft, perfect) in [(rule.clone(), true), (wrong, false)] {
-        let model = FakeModel::new(info(30, 8, 64), rule.clone()).with_draft(draft, 3);
+        let mut model = FakeModel::new(info(30, 8, 64), rule.clone()).with_draft(draft, 3);
+        // Slow enough that every request is queued before the first few steps end (then they
+        // all run at once and the small pool must preempt, whatever the machine's load).
+        model.step_delay = Duration::from_millis(2);
         let e = start(model, EngineConfig { spec: spec.clone(), offload_bytes: 64 * 64, ..Default::default() }, false);
         assert_eq!(run(&e, 0.0), run(&plain, 0.0), "greedy, perfect draft {perfect}");
         let (drafted, accepted) = (metric(&e, "kern:spec_decode_num_draft_tokens_total"), metric(&e, "kern:spec_decode_num_accepted_tokens_total"));
