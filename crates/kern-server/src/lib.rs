@@ -43,7 +43,13 @@ pub struct ServerConfig {
     pub chat_template: Option<ChatTemplate>,
     /// The model's root (reported by `/v1/models`).
     pub root: String,
+    /// Largest request body accepted; a larger one gets 413 in OpenAI's error shape.
+    pub max_body_bytes: usize,
 }
+
+/// [`ServerConfig::max_body_bytes`] of `kern serve`: 64 MiB (a 128k-token prompt as token ids
+/// with logit bias and tools is far below it).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 64 << 20;
 
 pub(crate) struct Shared {
     pub engine: Engine,
@@ -83,7 +89,7 @@ pub fn router(state: AppState) -> Router {
         .route("/version", get(api::version))
         .route("/metrics", get(api::metrics))
         .fallback(api::not_found)
-        .layer(DefaultBodyLimit::max(64 << 20))
+        .layer(DefaultBodyLimit::max(state.0.cfg.max_body_bytes))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(api::panic_response))
         .with_state(state)
 }

@@ -30,11 +30,12 @@ struct Opts {
     fail_at: Option<usize>,
     api_key: Option<String>,
     max_queue: usize,
+    max_body: usize,
 }
 
 impl Default for Opts {
     fn default() -> Self {
-        Opts { pages: 4096, seqs: 64, rule: None, delay_ms: 0, fail_at: None, api_key: None, max_queue: 4096 }
+        Opts { pages: 4096, seqs: 64, rule: None, delay_ms: 0, fail_at: None, api_key: None, max_queue: 4096, max_body: kern_server::DEFAULT_MAX_BODY_BYTES }
     }
 }
 
@@ -58,7 +59,7 @@ async fn server(o: Opts) -> Server {
         Ok(Box::new(m) as Box<dyn Model>)
     });
     let template = tok.chat_template_renderer().expect("the Qwen3 tokenizer has a template").expect("compiles");
-    let cfg = ServerConfig { served_model_names: vec!["fake".into(), "alias".into()], api_key: o.api_key, max_logprobs: 20, defaults: SamplingDefaults::default(), chat_template: Some(template), root: "fake".into() };
+    let cfg = ServerConfig { served_model_names: vec!["fake".into(), "alias".into()], api_key: o.api_key, max_logprobs: 20, defaults: SamplingDefaults::default(), chat_template: Some(template), root: "fake".into(), max_body_bytes: o.max_body };
     let state = AppState::new(engine.clone(), Some(tok), cfg);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -245,11 +246,25 @@ async fn errors_are_openai_shaped_and_name_the_field() {
     assert!(err(&v).1.contains("`gpt-4` does not exist"));
     let (st, _) = s.post("/v1/embeddings", json!({})).await;
     assert_eq!(st, 404);
-    // A body over the limit: 413, still OpenAI's error shape.
-    let r = reqwest::Client::new().post(format!("{}/v1/completions", s.base)).body(vec![b' '; 65 << 20]).send().await.unwrap();
+    s.shutdown().await;
+}
+
+/// A body over the limit: 413, still OpenAI's error shape. The limit is small here so the whole
+/// body is written before the server answers (a 64 MiB body races the server's early reply and
+/// closed connection: the client then sees a broken pipe instead of the 413).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_body_over_the_limit_is_413() {
+    let s = server(Opts { max_body: 1024, ..Default::default() }).await;
+    let c = reqwest::Client::new();
+    let r = c.post(format!("{}/v1/completions", s.base)).header("content-type", "application/json").body(vec![b' '; 1025]).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 413);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], 413, "{v}");
+    // At the limit it is read (and refused only for what it says).
+    let mut body = br#"{"prompt": "x", "max_tokens": 1}"#.to_vec();
+    body.resize(1024, b' ');
+    let r = c.post(format!("{}/v1/completions", s.base)).header("content-type", "application/json").body(body).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap_or_default());
     s.shutdown().await;
 }
 

@@ -174,7 +174,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let opts = LoadOptions { device: args.device, gpu_mem: args.gpu_mem, graphs: !args.no_graph, capture_at_start: !args.no_graph, devices: args.devices.clone(), blocking_steps: false };
             Engine::start(cfg, tokenizer.clone(), crate::generate::loader(dir.clone(), opts, report.clone()))
         };
-        let state = AppState::new(engine.clone(), tokenizer, ServerConfig { served_model_names: names, api_key, max_logprobs: args.max_logprobs, defaults, chat_template, root: dir.display().to_string() });
+        let state = AppState::new(engine.clone(), tokenizer, ServerConfig { served_model_names: names, api_key, max_logprobs: args.max_logprobs, defaults, chat_template, root: dir.display().to_string(), max_body_bytes: kern_server::DEFAULT_MAX_BODY_BYTES });
         // Log readiness (or the load failure) once.
         let watch_engine = engine.clone();
         tokio::spawn(async move {
