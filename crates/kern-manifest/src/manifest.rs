@@ -251,6 +251,9 @@ pub struct Launch {
     pub grid: [Expr; 3],
     /// Dynamic shared memory bytes.
     pub shared: Expr,
+    /// Programmatic Dependent Launch: may start before the previous kernel in the stream ends
+    /// (the kernel waits with `griddepcontrol.wait` itself; docs/manifest.md).
+    pub pdl: bool,
     /// One per parameter.
     pub args: Vec<LaunchArg>,
 }

@@ -387,6 +387,12 @@ pub struct RawLaunch {
     /// kern 4.1: dynamic shared memory in bytes (default 0).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shared: Option<RawExpr>,
+    /// kern 4.1: Programmatic Dependent Launch (default false): the launch may start before the
+    /// kernel before it in the stream has finished. Declare it only for a kernel that executes
+    /// `griddepcontrol.wait` (`cudaGridDependencySynchronize`) before it reads what earlier
+    /// launches wrote and before it writes anything they may still read.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pdl: bool,
     /// One value per kernel parameter.
     pub args: Vec<RawLaunchArg>,
 }

@@ -540,7 +540,7 @@ impl Runtime {
             let block = dims(&l.block, "block")?.unwrap_or([1; 3]);
             let shared = l.shared.eval(vars).map_err(|e| RuntimeError::Var(format!("call `{}`: shared: {e}", l.call)))?;
             let shared = u32::try_from(shared).map_err(|_| RuntimeError::Var(format!("call `{}`: shared memory {shared} is out of range", l.call)))?;
-            let cfg = LaunchConfig::new(grid, block, shared);
+            let cfg = LaunchConfig::new(grid, block, shared).with_pdl(l.launch_decl.pdl);
             let fault = |e| RuntimeError::KernelFault { label: l.call.clone(), op: l.op.clone(), launch: l.launch, kernel: l.func.name().to_string(), cause: Box::new(e) };
             // SAFETY: every pointer in `args` is an address inside the arena or a state pool,
             // which are sized at the vars' max (checked) and outlive the launch; the kernel's

@@ -63,6 +63,10 @@ pub struct Args {
     /// over many CTAs; packs/qwen3/KERNELS.md, attention_decode; not yet verified on a GPU).
     #[arg(long, value_name = "KIND", default_value = "plain")]
     decode_attention: kern_pack_qwen3::DecodeAttention,
+    /// Programmatic Dependent Launch for the GEMMs: each may start, and prefetch its weights,
+    /// while the kernel before it finishes (docs/manifest.md, `pdl`; not yet measured on a GPU).
+    #[arg(long)]
+    pdl: bool,
 }
 
 fn model_type(config: &Path) -> Result<String> {
@@ -87,6 +91,7 @@ fn options(args: &Args) -> kern_pack_qwen3::PackOptions {
         tp: args.tp,
         draft: args.draft.map(|kind| kern_pack_qwen3::Draft { kind, k: args.draft_k.unwrap_or(kern_pack_qwen3::manifest::DEFAULT_DRAFT_K) }),
         decode_attention: args.decode_attention,
+        pdl: args.pdl,
     }
 }
 

@@ -282,6 +282,7 @@ impl Checker<'_> {
             block: block?.0,
             grid: grid?.0,
             shared: shared?,
+            pdl: l.pdl,
             args: args?,
         })
     }

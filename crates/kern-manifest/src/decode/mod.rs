@@ -804,6 +804,16 @@ impl Dec<'_> {
             self.ext(&p, "`shared`");
             self.expr(v, &p)
         });
+        let pdl = o.get("pdl").and_then(|(v, p)| {
+            self.ext(&p, "`pdl`");
+            match v {
+                Json::Bool(b) => Some(*b),
+                other => {
+                    self.sink.error(&p, format!("expected true or false (Programmatic Dependent Launch), found {}", other.kind()));
+                    None
+                }
+            }
+        });
         let args = self
             .req(&mut o, "args", "[…] (one per kernel parameter)")
             .and_then(|(v, p)| {
@@ -818,6 +828,7 @@ impl Dec<'_> {
             block: block?,
             grid: grid?,
             shared,
+            pdl: pdl.unwrap_or(false),
             args: args?,
         })
     }
