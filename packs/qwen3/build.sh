@@ -3,6 +3,9 @@
 #   build/packs/qwen3/<stem>.sm_90a.cubin     (the image the manifest loads)
 #   build/packs/qwen3/<stem>.sm_90a.ptx       (PTX of the same source, for reading and JIT)
 #   build/packs/qwen3/<stem>.resource.txt     (ptxas -v: registers, smem, stack, spills per entry)
+# and a source with a `// KERN_PDL_VARIANT` line (in its first 40 lines) is built a second time
+# with -DKERN_PDL into <stem>.pdl.sm_90a.cubin / .ptx / .resource.txt: every kernel first waits
+# for its predecessor (griddepcontrol.wait), for packs made with `kern pack --pdl`.
 # plus build/packs/qwen3/SHA256SUMS (cubins and PTX) and BUILD-INFO.txt.
 #
 #   bash packs/qwen3/build.sh            # idempotent; rebuilds everything (~seconds)
@@ -77,21 +80,30 @@ extra_flags() {  # the source's own flags, from a `// KERN_NVCC_FLAGS:` line
     sed -n '1,40s#^[[:space:]]*//[[:space:]]*KERN_NVCC_FLAGS:[[:space:]]*##p' "$1" | head -n 1
 }
 
-compile_one() {  # compile_one SRC.cu  -> cubin + ptx + resource.txt in $STAGE
-    local src="$1" stem extra
+pdl_variant() {  # whether the source asks for a -DKERN_PDL build too
+    sed -n '1,40p' "$1" | grep -q '^[[:space:]]*//[[:space:]]*KERN_PDL_VARIANT'
+}
+
+compile_one() {  # compile_one SRC.cu [pdl]  -> cubin + ptx + resource.txt in $STAGE
+    local src="$1" stem out extra
     stem="$(basename "$src" .cu)"
+    out="$stem"
     extra="$(extra_flags "$src")"
     # shellcheck disable=SC2206
     local xf=($extra)
+    if [[ "${2:-}" == pdl ]]; then
+        out="$stem.pdl"
+        xf+=(-DKERN_PDL)
+    fi
     # Compile from the source directory with a relative path: nothing machine-specific ends up
     # in the outputs (checked by the reproducibility test in KERNELS.md).
     (
         cd "$SRC"
         "$NVCC" -cubin "${ARCH[@]}" "${BASE_FLAGS[@]}" "${xf[@]}" -Xptxas -v \
-            -o "$STAGE/$stem.sm_90a.cubin" "$stem.cu" 2>"$STAGE/$stem.resource.txt" ||
-            { cat "$STAGE/$stem.resource.txt"; exit 1; }
+            -o "$STAGE/$out.sm_90a.cubin" "$stem.cu" 2>"$STAGE/$out.resource.txt" ||
+            { cat "$STAGE/$out.resource.txt"; exit 1; }
         "$NVCC" -ptx -arch=compute_90a "${BASE_FLAGS[@]}" "${xf[@]}" \
-            -o "$STAGE/$stem.sm_90a.ptx" "$stem.cu"
+            -o "$STAGE/$out.sm_90a.ptx" "$stem.cu"
     )
 }
 
@@ -110,10 +122,17 @@ reap_one() {  # wait for the oldest job
         failed=1
     fi
 }
+jobs_list=()
 for src in "${sources[@]}"; do
-    name="$(basename "$src" .cu)"
+    jobs_list+=("$src|")
+    pdl_variant "$src" && jobs_list+=("$src|pdl")
+done
+for job in "${jobs_list[@]}"; do
+    src="${job%%|*}"
+    variant="${job#*|}"
+    name="$(basename "$src" .cu)${variant:+.$variant}"
     while [[ ${#pids[@]} -ge $JOBS ]]; do reap_one; done
-    compile_one "$src" >"$WORK/$name.log" 2>&1 &
+    compile_one "$src" "$variant" >"$WORK/$name.log" 2>&1 &
     pids+=("$!")
     names+=("$name")
 done

@@ -63,8 +63,9 @@ pub struct Args {
     /// over many CTAs; packs/qwen3/KERNELS.md, attention_decode; not yet verified on a GPU).
     #[arg(long, value_name = "KIND", default_value = "plain")]
     decode_attention: kern_pack_qwen3::DecodeAttention,
-    /// Programmatic Dependent Launch for the GEMMs: each may start, and prefetch its weights,
-    /// while the kernel before it finishes (docs/manifest.md, `pdl`; not yet measured on a GPU).
+    /// Programmatic Dependent Launch for every kernel: each may start while the kernel before
+    /// it finishes (the GEMMs prefetch their weights meanwhile; the others use their `.pdl`
+    /// builds, which wait first). docs/manifest.md `pdl`; not yet measured on a GPU.
     #[arg(long)]
     pdl: bool,
 }

@@ -1,3 +1,4 @@
+// KERN_PDL_VARIANT (packs/qwen3/build.sh also builds it with -DKERN_PDL: KERN_PDL_WAIT() first in every kernel)
 // Causal GQA attention over the paged KV cache for a varlen batch (prefill chunks and decode
 // tokens mixed), flash-attention style: online softmax in fp32, no [tokens, context] matrix.
 //
@@ -279,8 +280,10 @@ __device__ __forceinline__ void attention_impl(
         num_heads, kv_heads, layer, num_layers, page_tokens, scale
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_d128(ATT_ARGS) {
+    KERN_PDL_WAIT();
     attention_impl<128>(ATT_PASS);
 }
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_d64(ATT_ARGS) {
+    KERN_PDL_WAIT();
     attention_impl<64>(ATT_PASS);
 }

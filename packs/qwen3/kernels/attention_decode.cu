@@ -1,3 +1,4 @@
+// KERN_PDL_VARIANT (packs/qwen3/build.sh also builds it with -DKERN_PDL: KERN_PDL_WAIT() first in every kernel)
 // Split-KV ("flash-decoding") paged GQA attention for rows of ONE query token (decode rows and
 // speculative-verify rows), in two launches:
 //
@@ -348,18 +349,22 @@ __device__ __forceinline__ void combine_impl(bf16* __restrict__ out, const float
         num_heads, kv_heads, layer, num_layers, page_tokens, scale, min_chunk
 
 extern "C" __global__ void __launch_bounds__(DEC_THREADS) attention_decode_d128(DEC_ARGS) {
+    KERN_PDL_WAIT();
     decode_impl<128>(DEC_PASS);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS) attention_decode_d64(DEC_ARGS) {
+    KERN_PDL_WAIT();
     decode_impl<64>(DEC_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128) attention_combine_d128(bf16* __restrict__ out,
                                                                         const float* __restrict__ partial,
                                                                         int num_tokens, int num_heads) {
+    KERN_PDL_WAIT();
     combine_impl<128>(out, partial, num_tokens, num_heads);
 }
 extern "C" __global__ void __launch_bounds__(64) attention_combine_d64(bf16* __restrict__ out,
                                                                       const float* __restrict__ partial,
                                                                       int num_tokens, int num_heads) {
+    KERN_PDL_WAIT();
     combine_impl<64>(out, partial, num_tokens, num_heads);
 }

@@ -9,6 +9,19 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+// Programmatic Dependent Launch (`kern pack --pdl`): every kernel of a module built with
+// -DKERN_PDL (packs/qwen3/build.sh: `<stem>.pdl.sm_90a.cubin`, for sources marked
+// `// KERN_PDL_VARIANT`) first waits for the kernel before it in the stream to complete
+// (griddepcontrol.wait), so it may be launched while that kernel finishes. Without KERN_PDL the
+// macro is empty and the cubin is the ordinary one, byte for byte.
+#if defined(KERN_PDL) && !defined(KERN_HOST_EMU)
+#define KERN_PDL_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
+#else
+#define KERN_PDL_WAIT() \
+    do {                 \
+    } while (0)
+#endif
+
 namespace kern {
 
 typedef __nv_bfloat16 bf16;

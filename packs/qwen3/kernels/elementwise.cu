@@ -1,3 +1,4 @@
+// KERN_PDL_VARIANT (packs/qwen3/build.sh also builds it with -DKERN_PDL: KERN_PDL_WAIT() first in every kernel)
 // Elementwise kernels of the qwen3 pack. `add_inplace` is the residual add of `add_rms_norm` as a
 // kernel of its own, for manifests that run the add and the norm as two launches (the split
 // variant `kern test` is proven with: add_inplace + rms_norm == add_rms_norm, bit for bit).
@@ -14,6 +15,7 @@ using namespace kern;
 // grid [tokens, 1, 1], block [256, 1, 1], shared 0. Rows t >= n are not touched.
 extern "C" __global__ void __launch_bounds__(EW_THREADS)
 add_inplace(bf16* __restrict__ residual, const bf16* __restrict__ x, int n, int hidden) {
+    KERN_PDL_WAIT();
     const int t = blockIdx.x;
     if (t >= n) return;
     bf16* r = residual + (size_t)t * hidden;

@@ -1,3 +1,4 @@
+// KERN_PDL_VARIANT (packs/qwen3/build.sh also builds it with -DKERN_PDL: KERN_PDL_WAIT() first in every kernel)
 // Attention prologue of the qwen3 pack: per-head q/k RMSNorm (Qwen3) or QKV bias (Qwen2), neox
 // rotary embedding, and the paged KV-cache write, fused in one kernel; plus a standalone KV write.
 //
@@ -113,6 +114,7 @@ qk_norm_rope(bf16* __restrict__ qkv, bf16* __restrict__ kv_base, const bf16* __r
              const int* __restrict__ positions, const int* __restrict__ slot_mapping, int n, int num_heads,
              int kv_heads, int head_dim, int layer, int num_layers, int page_tokens, float theta, float eps,
              int flags) {
+    KERN_PDL_WAIT();
     __shared__ float cs[128], sn[128];
     const int t = blockIdx.x;
     if (t >= n) return;
@@ -159,6 +161,7 @@ qk_norm_rope(bf16* __restrict__ qkv, bf16* __restrict__ kv_base, const bf16* __r
 extern "C" __global__ void __launch_bounds__(128)
 kv_write(bf16* __restrict__ kv_base, const bf16* __restrict__ qkv, const int* __restrict__ slot_mapping, int n,
          int num_heads, int kv_heads, int head_dim, int layer, int num_layers, int page_tokens) {
+    KERN_PDL_WAIT();
     const int t = blockIdx.x;
     if (t >= n) return;
     const int slot = slot_mapping[t];

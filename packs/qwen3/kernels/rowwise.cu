@@ -1,3 +1,4 @@
+// KERN_PDL_VARIANT (packs/qwen3/build.sh also builds it with -DKERN_PDL: KERN_PDL_WAIT() first in every kernel)
 // Row-wise kernels of the qwen3 pack: embedding, RMSNorm (plain and fused with the residual add),
 // SwiGLU, last-position gather. One CTA per row; 16-byte vector loads when the row length is a
 // multiple of 8 elements and the pointers are 16-byte aligned, a scalar path otherwise.
@@ -21,6 +22,7 @@ static __device__ __forceinline__ bool aligned16(const void* p) {
 extern "C" __global__ void __launch_bounds__(ROW_THREADS)
 embedding(bf16* __restrict__ out, const bf16* __restrict__ table, const int* __restrict__ ids,
           int n, int hidden, int vocab) {
+    KERN_PDL_WAIT();
     const int t = blockIdx.x;
     if (t >= n) return;
     const int id = ids[t];
@@ -164,6 +166,7 @@ __device__ __forceinline__ void rms_row(bf16* __restrict__ out, bf16* __restrict
 extern "C" __global__ void __launch_bounds__(ROW_THREADS)
 rms_norm(bf16* __restrict__ out, const bf16* __restrict__ x, const bf16* __restrict__ w, int n, int hidden,
          float eps) {
+    KERN_PDL_WAIT();
     const int t = blockIdx.x;
     if (t >= n) return;
     rms_row<false>(out + (size_t)t * hidden, nullptr, x + (size_t)t * hidden, w, hidden, eps);
@@ -173,6 +176,7 @@ rms_norm(bf16* __restrict__ out, const bf16* __restrict__ x, const bf16* __restr
 extern "C" __global__ void __launch_bounds__(ROW_THREADS)
 add_rms_norm(bf16* __restrict__ out, bf16* __restrict__ residual, const bf16* __restrict__ x,
              const bf16* __restrict__ w, int n, int hidden, float eps) {
+    KERN_PDL_WAIT();
     const int t = blockIdx.x;
     if (t >= n) return;
     rms_row<true>(out + (size_t)t * hidden, residual + (size_t)t * hidden, x + (size_t)t * hidden, w, hidden,
@@ -187,6 +191,7 @@ static __device__ __forceinline__ float silu_bf16(float g) { return rb(g / (1.0f
 
 extern "C" __global__ void __launch_bounds__(ROW_THREADS * 2)
 swiglu(bf16* __restrict__ out, const bf16* __restrict__ gate_up, int n, int inter) {
+    KERN_PDL_WAIT();
     const int t = blockIdx.x;
     if (t >= n) return;
     const bf16* g = gate_up + (size_t)t * 2 * inter;
@@ -218,6 +223,7 @@ swiglu(bf16* __restrict__ out, const bf16* __restrict__ gate_up, int n, int inte
 extern "C" __global__ void __launch_bounds__(ROW_THREADS)
 gather_last(bf16* __restrict__ out, const bf16* __restrict__ x, const int* __restrict__ last_token, int seqs,
             int tokens, int hidden) {
+    KERN_PDL_WAIT();
     const int s = blockIdx.x;
     if (s >= seqs) return;
     const int t = last_token[s];

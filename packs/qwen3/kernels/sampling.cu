@@ -1,3 +1,4 @@
+// KERN_PDL_VARIANT (packs/qwen3/build.sh also builds it with -DKERN_PDL: KERN_PDL_WAIT() first in every kernel)
 // Token selection of the qwen3 pack: greedy argmax, and seeded temperature / top-k / top-p
 // sampling. One CTA of 512 threads per sequence; the logits row is read from global memory
 // (L2-resident) in a few passes, never sorted.
@@ -80,6 +81,7 @@ static __device__ int block_argmax(const float* __restrict__ row, int V, float* 
 // out[s] = argmax(logits[s, :])   (torch.argmax: first index of the maximum, NaN counts as max)
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 argmax(int* __restrict__ out, const float* __restrict__ logits, int seqs, int vocab) {
+    KERN_PDL_WAIT();
     __shared__ float sv[32];
     __shared__ int si[32];
     const int s = blockIdx.x;
@@ -166,6 +168,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample(int* __restrict__ out, const float* __restrict__ logits, const float* __restrict__ temperature,
        const int* __restrict__ top_k, const float* __restrict__ top_p, const unsigned long long* __restrict__ seeds,
        const int* __restrict__ rng_pos, int seqs, int vocab) {
+    KERN_PDL_WAIT();
     __shared__ float sv[32];
     __shared__ int si[32];
     __shared__ unsigned int hist[256];

@@ -38,9 +38,10 @@ pub struct PackOptions {
     /// attention (issue 15): [`DecodeAttention::Plain`] (the default) keeps `attention_dD`
     /// for every step; [`DecodeAttention::Split`] adds the split-KV kernels for them.
     pub decode_attention: DecodeAttention,
-    /// Programmatic Dependent Launch for the GEMM launches (issue 15): their kernels wait with
-    /// `griddepcontrol.wait` before reading the activation, so each may start — and stream in
-    /// its weights — while the kernel before it finishes. Off by default until measured.
+    /// Programmatic Dependent Launch for every launch (issue 15): each kernel waits with
+    /// `griddepcontrol.wait` before touching activations — the GEMMs after their weight
+    /// prefetch, the others first thing (their `.pdl` builds, packs/qwen3/build.sh) — so each
+    /// may start while the kernel before it finishes. Off by default until measured.
     pub pdl: bool,
 }
 
@@ -248,17 +249,26 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     let mut modules = Map::new();
     let split = (opts.decode_attention == DecodeAttention::Split).then_some(DECODE_MODULE);
     for m in MODULES.iter().copied().chain(split) {
-        let src = opts.kernels.join(format!("{m}.sm_90a.cubin"));
+        // With --pdl, the build of each non-GEMM module whose kernels wait first (the GEMM
+        // kernels always wait after their weight prefetch).
+        let file = if opts.pdl && !m.starts_with("gemm_") { format!("{m}.pdl.sm_90a.cubin") } else { format!("{m}.sm_90a.cubin") };
+        let src = opts.kernels.join(&file);
         let bytes = std::fs::read(&src).map_err(|e| {
             PackError::Config(format!("{}: {e}: build the pack's kernels first (bash packs/qwen3/build.sh) or pass --kernels DIR", src.display()))
         })?;
-        let file = format!("{m}.sm_90a.cubin");
         let dst = out.join(&file);
         std::fs::write(&dst, &bytes).map_err(io(&dst))?;
         let sha: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
         modules.insert(m.to_string(), json!({"source": file, "sha256": sha}));
     }
     let mut m = build(cfg, opts, Value::Object(modules));
+    if opts.pdl {
+        for op in m["ops"].as_object_mut().into_iter().flat_map(|o| o.values_mut()) {
+            for l in op["impl"]["launches"].as_array_mut().into_iter().flatten() {
+                l["pdl"] = json!(true);
+            }
+        }
+    }
     edit(&mut m)?;
     let path = out.join("model.json");
     let text = serde_json::to_string_pretty(&m).map_err(|e| PackError::Config(e.to_string()))?;
@@ -349,11 +359,7 @@ fn input(dtype: &str, shape: Value) -> Value {
 /// its range, so exactly one runs for any M, chosen from the var's value at run time (or at a
 /// CUDA graph's bucket). Ranges and recipes from packs/qwen3/GEMM.md and its H200 timings:
 /// the GEMV for decode, skinny tensor-core kernels up to 64 rows, wgmma above.
-///
-/// With `pdl`, every launch is a Programmatic Dependent Launch: the GEMM kernels execute
-/// `griddepcontrol.wait` (gemm_common.cuh `pdl_wait`) before they read x or write y — only the
-/// weight prefetch comes before it — which is what `"pdl": true` promises (docs/manifest.md).
-fn gemm_launches(n: u64, k: u64, m: &str, m_max: u64, f32_out: bool, pdl: bool) -> Vec<Value> {
+fn gemm_launches(n: u64, k: u64, m: &str, m_max: u64, f32_out: bool) -> Vec<Value> {
     let sfx = if f32_out { "_f32out" } else { "" };
     let out = if f32_out { "out buffer<f32>" } else { "out buffer<bf16>" };
     // 1 when lo <= m <= hi, else 0 (integer expressions have no comparisons).
@@ -365,16 +371,12 @@ fn gemm_launches(n: u64, k: u64, m: &str, m_max: u64, f32_out: bool, pdl: bool) 
         }
     };
     let launch = |module: &str, entry: String, grid: Value, shared: u64| {
-        let mut l = json!({
+        json!({
             "module": module, "entry": entry,
             "params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", out, "i32", "i32", "i32"],
             "block": [256], "grid": grid, "shared": shared,
             "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"i32": n}, {"i32": k}]
-        });
-        if pdl {
-            l["pdl"] = json!(true);
-        }
-        l
+        })
     };
     let skinny = |entry: &str, lo: u64, hi: u64| launch("gemm_skinny", format!("{entry}{sfx}"), json!([format!("ceil({n}/16) * {}", within(lo, Some(hi)))]), 0);
     let (wg, bn) = if n >= 4096 { ("gemm_bf16_wgmma", 256) } else { ("gemm_bf16_wgmma_n128", 128) };
@@ -568,11 +570,11 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
             "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"i32": d.h}, {"f32": eps}]}]}},
         "add_rms_norm": add_rms_norm("tokens", d.h, eps),
         "add_rms_norm_last": add_rms_norm("seqs", d.h, eps),
-        "qkv_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.qkv, d.h, "tokens", opts.max_tokens, false, opts.pdl)}},
-        "o_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.hq * d.d, "tokens", opts.max_tokens, false, opts.pdl)}},
-        "gate_up_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(2 * d.i, d.h, "tokens", opts.max_tokens, false, opts.pdl)}},
-        "down_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.i, "tokens", opts.max_tokens, false, opts.pdl)}},
-        "lm_head": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<f32>", "i32"], "impl": {"launches": gemm_launches(d.v, d.h, "seqs", opts.max_seqs, true, opts.pdl)}},
+        "qkv_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.qkv, d.h, "tokens", opts.max_tokens, false)}},
+        "o_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.hq * d.d, "tokens", opts.max_tokens, false)}},
+        "gate_up_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(2 * d.i, d.h, "tokens", opts.max_tokens, false)}},
+        "down_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.i, "tokens", opts.max_tokens, false)}},
+        "lm_head": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<f32>", "i32"], "impl": {"launches": gemm_launches(d.v, d.h, "seqs", opts.max_seqs, true)}},
         "qk_norm_rope": rope_op(d.layers),
         "attention": attention_op(d.layers),
         "swiglu": {"params": ["out buffer<bf16>", "in buffer<bf16>", "i32"], "impl": {"launches": [{
