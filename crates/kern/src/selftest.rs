@@ -54,6 +54,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         ("by-value structs + mixed scalar widths", Suite::echo),
         ("graph replay == eager (at and below bucket)", Suite::graph_vs_eager),
         ("step path: pinned upload, queued run, one readback", Suite::step_path),
+        ("PDL chain (\"pdl\": true), eager and graph", Suite::pdl_chain),
         ("out-of-bounds kernel reported with its label", Suite::oob),
         ("launch cost: 1,000-launch graph, eager", Suite::launch_cost),
     ];
@@ -305,6 +306,59 @@ impl Suite {
             checked += 1;
         }
         Ok(format!("{checked} steps (upload → run → upload → run → read) equal to the blocking path"))
+    }
+
+    /// Programmatic Dependent Launch from the manifest (issue 15): 1,000 chained increments
+    /// ping-ponging between two buffers, each launch `"pdl": true` on a kernel that waits for its
+    /// predecessor — exact results eager and replayed from a graph (a launch that overtook its
+    /// predecessor would read a stale buffer), and the graph's time beside the same chain
+    /// without PDL.
+    fn pdl_chain(&mut self) -> Result<String> {
+        const N: usize = 1000;
+        let cubin = self.fixture("selftest.sm_90.cubin")?;
+        let manifest = |entry: &str, pdl: bool| {
+            let calls: Vec<Value> = (0..N)
+                .map(|i| {
+                    let (src, dst) = if i % 2 == 0 { ("a", "b") } else { ("b", "a") };
+                    json!({"label": format!("inc{i}"), "op": "inc", "args": [{"buf": dst}, {"buf": src}]})
+                })
+                .collect();
+            json!({
+                "schema_version": "4.1",
+                "model": "selftest-pdl",
+                "buffers": {"a": {"dtype": "f32", "shape": [4096], "role": "input"}, "b": {"dtype": "f32", "shape": [4096]}},
+                "ops": {"inc": {"params": ["out buffer<f32>", "in buffer<f32>"], "impl": {"launches": [{
+                    "module": "selftest", "entry": entry, "params": ["out buffer<f32>", "in buffer<f32>", "i32"],
+                    "block": [128], "grid": [32], "pdl": pdl, "args": [{"param": 0}, {"param": 1}, {"i32": 4096}]}]}}},
+                "program": {"calls": calls}
+            })
+        };
+        let mut times = Vec::new();
+        for (name, entry, pdl) in [("pdl", "inc_pdl", true), ("plain", "inc", false)] {
+            let path = self.write(&format!("pdl_chain_{name}"), &[("selftest.cubin", &cubin)], manifest(entry, pdl))?;
+            let mut rt = self.runtime(&path)?;
+            let a = rt.manifest.buffer("a").expect("declared");
+            let start: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+            let check = |rt: &Runtime, runs: usize, what: &str| -> Result<()> {
+                let got = f32s(&rt.read_buffer(a, 4096 * 4)?);
+                if let Some(i) = (0..4096).find(|&i| got[i] != start[i] + (runs * N) as f32) {
+                    bail!("{name} {what}: a[{i}] = {} after {runs} × {N} increments, expected {}", got[i], start[i] + (runs * N) as f32);
+                }
+                Ok(())
+            };
+            rt.write_buffer(a, &bytes_f32(&start))?;
+            rt.run(0, &[], Mode::Eager { sync_each: false })?;
+            check(&rt, 1, "eager")?;
+            rt.write_buffer(a, &bytes_f32(&start))?;
+            let mut ms = Vec::new();
+            for _ in 0..11 {
+                ms.push(rt.run(0, &[], Mode::Graph)?.gpu_ms);
+            }
+            check(&rt, 11, "graph")?;
+            ms.sort_by(f32::total_cmp);
+            times.push((name, ms[5]));
+        }
+        Ok(format!("exact eager and graph; graph of {N} launches: {:.3} ms with PDL, {:.3} ms without (median of 11)", times[0].1, times[1].1))
     }
 
     fn graph_vs_eager(&mut self) -> Result<String> {
