@@ -54,6 +54,10 @@ if [[ -f "$KERNELS/BUILD-INFO.txt" ]] && [[ -z "$(find packs/qwen3/kernels packs
 else
   bash packs/qwen3/build.sh
 fi
+# Where kern finds them when it packs a model on first use (`--model org/name` or a checkpoint
+# directory without model.json): $KERN_HOME/kernels/qwen3.
+mkdir -p "$KERN_HOME/kernels/qwen3"
+cp "$KERNELS"/*.cubin "$KERN_HOME/kernels/qwen3/"
 
 step 4 "the model: $NAME (GGUF Q4_K_M, $((SIZE / 1000000)) MB)"
 mkdir -p "$MODEL_DIR"

@@ -99,7 +99,7 @@ pub fn loader(dir: PathBuf, opts: LoadOptions, report: Arc<Mutex<Option<kern_eng
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let t0 = Instant::now();
-    let dir = &crate::model_dir::resolve_model(args.model.as_deref())?;
+    let dir = &crate::model_dir::prepare(args.model.as_deref())?;
     if !dir.join("model.json").exists() {
         bail!("{}: no model.json: run `kern pack --config {}/config.json -o {}` first", dir.display(), dir.display(), dir.display());
     }

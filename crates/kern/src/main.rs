@@ -6,6 +6,7 @@ mod check;
 mod dump;
 mod extract;
 mod generate;
+mod hub;
 mod inspect;
 mod model_dir;
 mod pack;

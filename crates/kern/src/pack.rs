@@ -70,7 +70,7 @@ pub struct Args {
     pdl: bool,
 }
 
-fn model_type(config: &Path) -> Result<String> {
+pub(crate) fn model_type(config: &Path) -> Result<String> {
     let text = std::fs::read_to_string(config).with_context(|| format!("cannot read {}", config.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", config.display()))?;
     let t = v["model_type"].as_str().ok_or_else(|| anyhow!("{}: no `model_type` field", config.display()))?;

@@ -41,7 +41,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if a.batch == 0 || a.context == 0 {
         anyhow::bail!("--batch and --context must be at least 1");
     }
-    let dir = crate::model_dir::resolve_model(a.model.as_deref())?;
+    let dir = crate::model_dir::prepare(a.model.as_deref())?;
     let opts = LoadOptions { device: a.device, gpu_mem: None, graphs: false, capture_at_start: false, devices: Vec::new(), blocking_steps: false };
     let mut model = GpuModel::load(&dir, &opts, |_, _| {}).map_err(|e| anyhow!("{e}"))?;
     let (what, calls) = model.profile(a.batch, a.context, a.prefill).map_err(|e| anyhow!("{e}"))?;

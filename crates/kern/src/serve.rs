@@ -97,7 +97,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let (dir, tok_dir) = if args.fake {
         (PathBuf::from("fake"), args.fake_tokenizer.clone())
     } else {
-        let d = crate::model_dir::resolve_model(args.model.as_deref())?;
+        let d = crate::model_dir::prepare(args.model.as_deref())?;
         (d.clone(), Some(d))
     };
     let tokenizer = match &tok_dir {
