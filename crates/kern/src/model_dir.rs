@@ -196,7 +196,7 @@ fn resolve_in(arg: Option<&Path>, default: &Path, cache: &Path, hub: Option<&cra
 }
 
 /// `org/name` with Hub-legal characters (letters, digits, `-`, `_`, `.`), else `None`.
-fn hf_id(p: &Path) -> Option<(String, String)> {
+pub(crate) fn hf_id(p: &Path) -> Option<(String, String)> {
     let s = p.to_str()?;
     let (org, name) = s.split_once('/')?;
     let ok = |part: &str| {

@@ -132,7 +132,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         _ => SamplingDefaults::default(),
     };
     let names = if args.served_model_name.is_empty() {
-        vec![dir.file_name().map_or_else(|| "kern".to_string(), |n| n.to_string_lossy().into_owned())]
+        // A Hugging Face id is served under that id (as vLLM does); a directory under its name.
+        let id = args.model.as_deref().filter(|m| !m.exists()).and_then(crate::model_dir::hf_id).map(|(org, name)| format!("{org}/{name}"));
+        vec![id.unwrap_or_else(|| dir.file_name().map_or_else(|| "kern".to_string(), |n| n.to_string_lossy().into_owned()))]
     } else {
         args.served_model_name.clone()
     };
