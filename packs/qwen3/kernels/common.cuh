@@ -12,10 +12,16 @@
 // Programmatic Dependent Launch (`kern pack --pdl`): every kernel of a module built with
 // -DKERN_PDL (packs/qwen3/build.sh: `<stem>.pdl.sm_90a.cubin`, for sources marked
 // `// KERN_PDL_VARIANT`) first waits for the kernel before it in the stream to complete
-// (griddepcontrol.wait), so it may be launched while that kernel finishes. Without KERN_PDL the
-// macro is empty and the cubin is the ordinary one, byte for byte.
+// (griddepcontrol.wait), so it may be launched while that kernel finishes, and then lets the
+// kernel after it launch (griddepcontrol.launch_dependents: that one's blocks become resident
+// and wait in their turn — it cannot read this kernel's results early, its own wait sees to
+// that). Without KERN_PDL the macro is empty and the cubin is the ordinary one, byte for byte.
 #if defined(KERN_PDL) && !defined(KERN_HOST_EMU)
-#define KERN_PDL_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
+#define KERN_PDL_WAIT()                                                \
+    do {                                                               \
+        asm volatile("griddepcontrol.wait;\n" ::: "memory");              \
+        asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); \
+    } while (0)
 #else
 #define KERN_PDL_WAIT() \
     do {                 \
