@@ -74,8 +74,10 @@ pub async fn models(AxState(s): AxState<AppState>) -> Json<Value> {
     Json(json!({"object": "list", "data": data}))
 }
 
-fn parse_body(body: &Result<Bytes, BytesRejection>) -> ApiResult<Value> {
-    let body = body.as_ref().map_err(|e| ApiError { status: e.status(), message: format!("cannot read the request body: {e} (kern serve takes bodies up to 64 MiB)"), param: None, retry_after: None })?;
+fn parse_body(s: &Shared, body: &Result<Bytes, BytesRejection>) -> ApiResult<Value> {
+    let limit = s.cfg.max_body_bytes;
+    let size = if limit % (1 << 20) == 0 { format!("{} MiB", limit >> 20) } else { format!("{limit} bytes") };
+    let body = body.as_ref().map_err(|e| ApiError { status: e.status(), message: format!("cannot read the request body: {e} (this server takes bodies up to {size})"), param: None, retry_after: None })?;
     serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
 }
 
@@ -335,7 +337,7 @@ fn sse(state: AppState, job: Job, api: Api, rid: String, model: String, created:
 pub async fn completions(AxState(state): AxState<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let arrival = Instant::now();
     let s = &state.0;
-    let v = parse_body(&body)?;
+    let v = parse_body(s, &body)?;
     let mut f = Fields::new(&v)?;
     let c = protocol::common(&mut f, &s.cfg.defaults)?;
     let prompts = protocol::prompts(f.get("prompt"))?;
@@ -451,7 +453,7 @@ fn render_chat(s: &Shared, messages: &Value, add_generation_prompt: bool, kwargs
 pub async fn chat(AxState(state): AxState<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let arrival = Instant::now();
     let s = &state.0;
-    let v = parse_body(&body)?;
+    let v = parse_body(s, &body)?;
     let mut f = Fields::new(&v)?;
     let c = protocol::common(&mut f, &s.cfg.defaults)?;
     let messages = check_messages(f.get("messages"))?;
@@ -500,7 +502,7 @@ pub async fn chat(AxState(state): AxState<AppState>, body: Result<Bytes, BytesRe
 
 pub async fn tokenize(AxState(state): AxState<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult<Json<Value>> {
     let s = &state.0;
-    let v = parse_body(&body)?;
+    let v = parse_body(s, &body)?;
     let mut f = Fields::new(&v)?;
     let model = f.string("model")?.map(str::to_string);
     check_model(s, &model)?;
@@ -532,7 +534,7 @@ pub async fn tokenize(AxState(state): AxState<AppState>, body: Result<Bytes, Byt
 
 pub async fn detokenize(AxState(state): AxState<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult<Json<Value>> {
     let s = &state.0;
-    let v = parse_body(&body)?;
+    let v = parse_body(s, &body)?;
     let mut f = Fields::new(&v)?;
     let model = f.string("model")?.map(str::to_string);
     check_model(s, &model)?;

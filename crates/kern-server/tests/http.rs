@@ -260,6 +260,7 @@ async fn a_body_over_the_limit_is_413() {
     assert_eq!(r.status().as_u16(), 413);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], 413, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("up to 1024 bytes"), "{v}");
     // At the limit it is read (and refused only for what it says).
     let mut body = br#"{"prompt": "x", "max_tokens": 1}"#.to_vec();
     body.resize(1024, b' ');
