@@ -76,7 +76,7 @@ pub async fn models(AxState(s): AxState<AppState>) -> Json<Value> {
 
 fn parse_body(s: &Shared, body: &Result<Bytes, BytesRejection>) -> ApiResult<Value> {
     let limit = s.cfg.max_body_bytes;
-    let size = if limit % (1 << 20) == 0 { format!("{} MiB", limit >> 20) } else { format!("{limit} bytes") };
+    let size = if limit.is_multiple_of(1 << 20) { format!("{} MiB", limit >> 20) } else { format!("{limit} bytes") };
     let body = body.as_ref().map_err(|e| ApiError { status: e.status(), message: format!("cannot read the request body: {e} (this server takes bodies up to {size})"), param: None, retry_after: None })?;
     serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
 }
