@@ -9,15 +9,8 @@ use kern_manifest::{load, CheckOptions, LaunchArg, Manifest, Value as Scalar};
 use kern_pack_qwen3::config::preset;
 use kern_pack_qwen3::manifest::{check_split_decode, decode_scratch_floats, decode_splits, DECODE_MIN_CHUNK};
 use kern_pack_qwen3::{generate, DecodeAttention, Draft, DraftKind, PackOptions};
-use std::path::PathBuf;
-
-fn kernels() -> PathBuf {
-    let p = std::env::var_os("KERN_PACK_KERNELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../build/packs/qwen3"));
-    assert!(p.join("rowwise.sm_90a.cubin").exists(), "pack kernels missing in {}: run packs/qwen3/build.sh", p.display());
-    p
-}
+mod common;
+use common::kernels;
 
 fn vars(m: &Manifest, tokens: i64, seqs: i64) -> Vec<i64> {
     let mut v = m.vars_at_max();

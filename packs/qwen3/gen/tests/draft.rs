@@ -8,15 +8,9 @@ use kern_pack_qwen3::config::preset;
 use kern_pack_qwen3::manifest::{check_draft, DEFAULT_DRAFT_K, DRAFT_KINDS, MAX_DRAFT_K};
 use kern_pack_qwen3::{generate, Config, Draft, DraftKind, PackOptions};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-
-fn kernels() -> PathBuf {
-    let p = std::env::var_os("KERN_PACK_KERNELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../build/packs/qwen3"));
-    assert!(p.join("rowwise.sm_90a.cubin").exists(), "pack kernels missing in {}: run packs/qwen3/build.sh", p.display());
-    p
-}
+use std::path::Path;
+mod common;
+use common::kernels;
 
 fn opts(draft: Option<Draft>, tp: Option<u64>) -> PackOptions {
     PackOptions { kernels: kernels(), max_tokens: 256, max_seqs: 16, max_context: 1024, tp, draft, ..Default::default() }

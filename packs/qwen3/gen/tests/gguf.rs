@@ -7,14 +7,8 @@ use kern_manifest::{load, CheckOptions, DType};
 use kern_pack_qwen3::{generate_for_gguf, PackOptions};
 use kern_weights::Checkpoint;
 use std::path::{Path, PathBuf};
-
-fn kernels() -> PathBuf {
-    let p = std::env::var_os("KERN_PACK_KERNELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../build/packs/qwen3"));
-    assert!(p.join("rowwise.sm_90a.cubin").exists(), "pack kernels missing in {}: run packs/qwen3/build.sh", p.display());
-    p
-}
+mod common;
+use common::kernels;
 
 fn s(out: &mut Vec<u8>, v: &str) {
     out.extend_from_slice(&(v.len() as u64).to_le_bytes());

@@ -7,15 +7,8 @@
 use kern_manifest::{load, CheckOptions};
 use kern_pack_qwen3::config::preset;
 use kern_pack_qwen3::{generate, DecodeAttention, PackOptions};
-use std::path::PathBuf;
-
-fn kernels() -> PathBuf {
-    let p = std::env::var_os("KERN_PACK_KERNELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../build/packs/qwen3"));
-    assert!(p.join("rowwise.sm_90a.cubin").exists(), "pack kernels missing in {}: run packs/qwen3/build.sh", p.display());
-    p
-}
+mod common;
+use common::kernels;
 
 #[test]
 fn pdl_launches_everything_from_the_waiting_builds() {
