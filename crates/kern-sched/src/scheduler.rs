@@ -461,24 +461,20 @@ impl Scheduler {
         // Batch rows in admission order; a sequence with drafts takes one row per position.
         let mut rows: Vec<(usize, usize)> = picked.iter().map(|&(id, n)| (self.running.iter().position(|s| s.id == id).expect("picked is running"), n)).collect();
         rows.sort_by_key(|&(i, _)| i);
-        let extended: Vec<Option<Vec<u32>>> = rows
+        // A sequence with drafts: its last token (position `computed`) and the drafts.
+        let tails: Vec<Option<Vec<u32>>> = rows
             .iter()
             .map(|&(i, _)| {
                 let s = &self.running[i];
-                drafts.get(&s.id).map(|d| s.tokens.iter().chain(d).copied().collect())
+                drafts.get(&s.id).map(|d| s.tokens[s.computed..].iter().chain(d).copied().collect())
             })
             .collect();
         let mut views: Vec<SeqView> = Vec::new();
-        for (&(i, n), ext) in rows.iter().zip(&extended) {
+        for (&(i, n), tail) in rows.iter().zip(&tails) {
             let s = &self.running[i];
-            match ext {
-                Some(t) => {
-                    let k = t.len() - s.tokens.len();
-                    for j in 0..=k {
-                        views.push(seq_view(s, t, s.computed + j, 1, true));
-                    }
-                }
-                None => views.push(seq_view(s, &s.tokens, s.computed, n, s.computed + n == s.tokens.len())),
+            match tail {
+                Some(t) => views.extend((0..t.len()).map(|j| seq_view(s, t, s.computed, s.computed + j, 1, true))),
+                None => views.push(seq_view(s, &s.tokens, 0, s.computed, n, s.computed + n == s.tokens.len())),
             }
         }
         let real_tokens = views.iter().map(|v| v.n).sum();
@@ -692,9 +688,9 @@ impl Scheduler {
             let s = self.running.iter().find(|s| s.id == r.id).expect("round sequences run");
             let start = r.start;
             if r.rows == r.catch_up {
-                views.extend((start..start + r.catch_up).map(|p| draft_view(s, &s.tokens, p, 1, p == r.last)));
+                views.extend((start..start + r.catch_up).map(|p| draft_view(s, &s.tokens, 0, p, 1, p == r.last)));
             } else {
-                views.push(draft_view(s, &s.tokens, start, r.catch_up, !r.partial));
+                views.push(draft_view(s, &s.tokens, 0, start, r.catch_up, !r.partial));
             }
         }
         Some(self.build_draft_step(&views, pad))
@@ -742,21 +738,17 @@ impl Scheduler {
             return None;
         }
         // Each sequence reads its newest draft at the position after the previous one.
-        let ext: Vec<(usize, Vec<u32>)> = self
+        for r in self.round.iter_mut() {
+            r.rows = 1;
+        }
+        let views: Vec<SeqView> = self
             .round
-            .iter_mut()
-            .map(|r| {
-                r.rows = 1;
-                let i = self.running.iter().position(|s| s.id == r.id).expect("round sequences run");
-                let s = &self.running[i];
-                (i, s.tokens.iter().chain(&s.proposed).copied().collect())
-            })
-            .collect();
-        let views: Vec<SeqView> = ext
             .iter()
-            .map(|(i, t)| {
-                let s = &self.running[*i];
-                draft_view(s, t, s.tokens.len() - 1 + s.proposed.len(), 1, true)
+            .map(|r| {
+                let s = self.running.iter().find(|s| s.id == r.id).expect("round sequences run");
+                let newest = s.proposed.len() - 1;
+                let at = s.tokens.len() + newest;
+                draft_view(s, &s.proposed[newest..], at, at, 1, true)
             })
             .collect();
         Some(self.build_draft_step(&views, pad))
@@ -780,11 +772,14 @@ impl Scheduler {
     }
 }
 
-/// One row of a step: `n` tokens of `tokens` from `start`, with `s`'s pages and parameters.
-fn seq_view<'a>(s: &'a Seq, tokens: &'a [u32], start: usize, n: usize, samples: bool) -> SeqView<'a> {
+/// One row of a step: `n` tokens from position `start`, with `s`'s pages and parameters;
+/// `tokens` holds the sequence's tokens from position `offset` on.
+fn seq_view<'a>(s: &'a Seq, tokens: &'a [u32], offset: usize, start: usize, n: usize, samples: bool) -> SeqView<'a> {
+    debug_assert!(offset <= start && start + n <= offset + tokens.len(), "the row's tokens are in `tokens`");
     SeqView {
         id: s.id,
         tokens,
+        offset,
         pages: &s.pages,
         start,
         n,
@@ -798,8 +793,8 @@ fn seq_view<'a>(s: &'a Seq, tokens: &'a [u32], start: usize, n: usize, samples: 
 }
 
 /// A draft-program row: like [`seq_view`], but greedy.
-fn draft_view<'a>(s: &'a Seq, tokens: &'a [u32], start: usize, n: usize, samples: bool) -> SeqView<'a> {
-    SeqView { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, ..seq_view(s, tokens, start, n, samples) }
+fn draft_view<'a>(s: &'a Seq, tokens: &'a [u32], offset: usize, start: usize, n: usize, samples: bool) -> SeqView<'a> {
+    SeqView { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, ..seq_view(s, tokens, offset, start, n, samples) }
 }
 
 /// Caches the pages a sequence has filled completely (computed tokens — and with a draft

@@ -47,7 +47,11 @@ pub struct Step {
 /// What the step builder needs to know about one sequence.
 pub(crate) struct SeqView<'a> {
     pub id: u64,
+    /// The sequence's tokens from position `offset` on (the whole sequence from 0, or — for
+    /// verify and draft rows — just the last token and the drafts, so a step never copies a
+    /// long context).
     pub tokens: &'a [u32],
+    pub offset: usize,
     pub pages: &'a [u32],
     pub start: usize,
     pub n: usize,
@@ -83,7 +87,7 @@ impl Step {
         st.query_start.push(0);
         for (k, s) in seqs.iter().enumerate() {
             for p in s.start..s.start + s.n {
-                st.token_ids.push(s.tokens[p] as i32);
+                st.token_ids.push(s.tokens[p - s.offset] as i32);
                 st.positions.push(p as i32);
                 let page = s.pages[p / page_tokens] as usize;
                 st.slot_mapping.push((page * page_tokens + p % page_tokens) as i32);
