@@ -34,6 +34,7 @@ mod checkpoint;
 pub mod convert;
 pub mod dequant;
 pub mod gguf;
+pub mod gguf_write;
 mod error;
 mod load;
 mod resolve;

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use kern_weights::gguf_write::string as strv;
 
 fn kern(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kern")).args(args).current_dir(root()).output().expect("kern runs");
@@ -21,46 +22,23 @@ fn scratch(tag: &str) -> PathBuf {
     d
 }
 
+/// Appends a GGUF string to `out`.
 fn s(out: &mut Vec<u8>, v: &str) {
-    out.extend_from_slice(&(v.len() as u64).to_le_bytes());
-    out.extend_from_slice(v.as_bytes());
+    out.extend_from_slice(&strv(v));
 }
 
 /// GGUF v3 with metadata (key, type, value bytes) and tensors (name, GGUF dims, type, data).
 fn gguf(kv: &[(String, u32, Vec<u8>)], tensors: &[(String, Vec<u64>, u32, Vec<u8>)]) -> Vec<u8> {
-    let mut b = b"GGUF".to_vec();
-    b.extend_from_slice(&3u32.to_le_bytes());
-    b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
-    b.extend_from_slice(&(kv.len() as u64).to_le_bytes());
+    let mut w = kern_weights::gguf_write::Writer::new();
     for (k, t, v) in kv {
-        s(&mut b, k);
-        b.extend_from_slice(&t.to_le_bytes());
-        b.extend_from_slice(v);
+        w.kv(k, *t, v);
     }
-    let mut off = 0usize;
     for (name, dims, ty, data) in tensors {
-        s(&mut b, name);
-        b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-        for d in dims {
-            b.extend_from_slice(&d.to_le_bytes());
-        }
-        b.extend_from_slice(&ty.to_le_bytes());
-        b.extend_from_slice(&(off as u64).to_le_bytes());
-        off += data.len().div_ceil(32) * 32;
+        w.tensor(name, dims, *ty, data.clone());
     }
-    b.resize(b.len().div_ceil(32) * 32, 0);
-    for (_, _, _, data) in tensors {
-        b.extend_from_slice(data);
-        b.resize(b.len().div_ceil(32) * 32, 0);
-    }
-    b
+    w.bytes()
 }
 
-fn strv(v: &str) -> Vec<u8> {
-    let mut o = vec![];
-    s(&mut o, v);
-    o
-}
 
 /// Q8_0 blocks with scale 0.5 and q = i − 16 in each block.
 fn q8(blocks: usize) -> Vec<u8> {

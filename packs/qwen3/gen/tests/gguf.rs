@@ -9,62 +9,41 @@ use kern_weights::Checkpoint;
 use std::path::{Path, PathBuf};
 mod common;
 use common::kernels;
+use kern_weights::gguf_write::string as strv;
 
+/// Appends a GGUF string to `out`.
 fn s(out: &mut Vec<u8>, v: &str) {
-    out.extend_from_slice(&(v.len() as u64).to_le_bytes());
-    out.extend_from_slice(v.as_bytes());
+    out.extend_from_slice(&strv(v));
 }
 
-/// A GGUF v3 file: metadata (key, type id, value bytes) and tensors (name, GGUF dims, type id).
+/// A GGUF v3 file: metadata (key, type id, value bytes) and tensors (name, GGUF dims, type id)
+/// with seeded data: Q8_0 blocks with small f16 scales, f32 tensors near 1.
 fn gguf(kv: &[(&str, u32, Vec<u8>)], tensors: &[(String, Vec<u64>, u32)]) -> Vec<u8> {
-    let mut b = b"GGUF".to_vec();
-    b.extend_from_slice(&3u32.to_le_bytes());
-    b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
-    b.extend_from_slice(&(kv.len() as u64).to_le_bytes());
+    let mut w = kern_weights::gguf_write::Writer::new();
     for (k, t, v) in kv {
-        s(&mut b, k);
-        b.extend_from_slice(&t.to_le_bytes());
-        b.extend_from_slice(v);
+        w.kv(k, *t, v);
     }
-    let size = |dims: &[u64], ty: u32| -> u64 {
+    let mut seed = 1u32;
+    for (name, dims, ty) in tensors {
         let n: u64 = dims.iter().product();
-        match ty {
+        let bytes = match ty {
             0 => n * 4,
             8 => n / 32 * 34,
             _ => unreachable!(),
-        }
-    };
-    let mut off = 0u64;
-    for (name, dims, ty) in tensors {
-        s(&mut b, name);
-        b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-        for d in dims {
-            b.extend_from_slice(&d.to_le_bytes());
-        }
-        b.extend_from_slice(&ty.to_le_bytes());
-        b.extend_from_slice(&off.to_le_bytes());
-        off += size(dims, *ty).div_ceil(32) * 32;
+        };
+        let data = (0..bytes as usize)
+            .map(|i| {
+                seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+                match ty {
+                    8 if i % 34 == 1 => 0x20,
+                    0 if i % 4 == 3 => 0x3f,
+                    _ => (seed >> 24) as u8,
+                }
+            })
+            .collect();
+        w.tensor(name, dims, *ty, data);
     }
-    b.resize(b.len().div_ceil(32) * 32, 0);
-    let mut seed = 1u32;
-    for (_, dims, ty) in tensors {
-        let n = size(dims, *ty) as usize;
-        let start = b.len();
-        for i in 0..n {
-            seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
-            // Small f16 scales for Q8_0 blocks (bytes 0..2 of each 34), anything else random;
-            // f32 tensors get 1.0 + small values.
-            let byte = match ty {
-                8 if i % 34 == 1 => 0x20,
-                0 if i % 4 == 3 => 0x3f,
-                _ => (seed >> 24) as u8,
-            };
-            b.push(byte);
-        }
-        debug_assert_eq!(b.len() - start, n);
-        b.resize(b.len().div_ceil(32) * 32, 0);
-    }
-    b
+    w.bytes()
 }
 
 fn u32v(v: u32) -> Vec<u8> {
@@ -75,11 +54,6 @@ fn f32v(v: f32) -> Vec<u8> {
     v.to_le_bytes().to_vec()
 }
 
-fn strv(v: &str) -> Vec<u8> {
-    let mut o = vec![];
-    s(&mut o, v);
-    o
-}
 
 /// A 2-layer model: hidden 128, 2 heads of 64, 1 kv head, ffn 256, vocab 64.
 fn model(arch: &str, tied: bool, extra: &[(&str, u32, Vec<u8>)]) -> Vec<u8> {
