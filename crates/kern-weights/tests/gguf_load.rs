@@ -6,19 +6,9 @@
 mod common;
 use common::W;
 use half::bf16;
-use kern_manifest::{Buffer, DType, Expr, Role, WeightSource};
+use kern_manifest::{DType, Expr, WeightSource};
 use kern_weights::{check, materialize, Checkpoint, LoadPlan};
-
-fn weight(name: &str, dtype: DType, shape: &[i64], source: Option<WeightSource>) -> Buffer {
-    Buffer {
-        name: name.into(),
-        dtype,
-        shape: shape.iter().map(|&d| Expr::constant(d)).collect(),
-        role: Role::Weight,
-        source,
-        bytes_at_max: shape.iter().product::<i64>() as u64 * dtype.size(),
-    }
-}
+use common::weight;
 
 fn q8_blocks(n: usize, seed: u8) -> Vec<u8> {
     let mut v = vec![];

@@ -2,7 +2,7 @@
 //! every weight source, dtype conversion, streaming, and every error a user can meet.
 
 use half::{bf16, f16};
-use kern_manifest::{Buffer, BufferId, DType, Expr, Role, WeightSource};
+use kern_manifest::{Buffer, BufferId, DType, Role, WeightSource};
 use kern_weights::{
     alias_of, check, is_loaded, materialize, unused_tensors, Checkpoint, Chunk, LoadPlan,
     WeightsError,
@@ -10,6 +10,8 @@ use kern_weights::{
 use safetensors::tensor::TensorView as StView;
 use safetensors::Dtype;
 use std::path::{Path, PathBuf};
+mod common;
+use common::weight;
 
 /// One tensor to write: name, dtype, shape, bytes.
 struct T(&'static str, Dtype, Vec<usize>, Vec<u8>);
@@ -34,17 +36,6 @@ fn write(path: &Path, tensors: &[T]) {
         .collect();
     let bytes = safetensors::serialize(views, None).expect("serializes");
     std::fs::write(path, bytes).unwrap();
-}
-
-fn weight(name: &str, dtype: DType, shape: &[i64], source: Option<WeightSource>) -> Buffer {
-    Buffer {
-        name: name.into(),
-        dtype,
-        shape: shape.iter().map(|&d| Expr::constant(d)).collect(),
-        role: Role::Weight,
-        source,
-        bytes_at_max: shape.iter().product::<i64>() as u64 * dtype.size(),
-    }
 }
 
 fn tensor(name: &str) -> Option<WeightSource> {
