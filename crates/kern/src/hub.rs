@@ -80,7 +80,8 @@ fn download_blocking(hub: &Hub, org: &str, name: &str, repo: &Path) -> Result<Pa
             _ => anyhow!("--model {org}/{name}: the Hub answered {s} for {what}"),
         }
     };
-    let info_url = format!("{}/api/models/{org}/{name}/revision/main", hub.endpoint);
+    // `blobs=true` adds each file's size, for one progress bar over the whole download.
+    let info_url = format!("{}/api/models/{org}/{name}/revision/main?blobs=true", hub.endpoint);
     let r = get(&info_url)?;
     if !r.status().is_success() {
         return Err(status_error("the model's file list", r.status()));
@@ -88,32 +89,35 @@ fn download_blocking(hub: &Hub, org: &str, name: &str, repo: &Path) -> Result<Pa
     let body = r.bytes().with_context(|| format!("{info_url}: reading the answer"))?;
     let info: serde_json::Value = serde_json::from_slice(&body).with_context(|| format!("{info_url}: not the Hub's JSON"))?;
     let sha = info["sha"].as_str().filter(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric())).ok_or_else(|| anyhow!("{info_url}: no commit `sha`"))?.to_string();
-    let files: Vec<String> = info["siblings"].as_array().into_iter().flatten().filter_map(|s| s["rfilename"].as_str()).filter(|f| wanted(f)).map(String::from).collect();
-    if !files.iter().any(|f| f == "config.json") || !files.iter().any(|f| f.ends_with(".safetensors")) {
-        bail!("--model {org}/{name}: the repository has no config.json and safetensors weights (files: {}): kern loads Hugging Face checkpoints in safetensors, or a GGUF file through `kern pack --gguf`", files.join(", "));
+    let files: Vec<(String, Option<u64>)> = info["siblings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["rfilename"].as_str().filter(|f| wanted(f)).map(|f| (f.to_string(), s["size"].as_u64())))
+        .collect();
+    if !files.iter().any(|(f, _)| f == "config.json") || !files.iter().any(|(f, _)| f.ends_with(".safetensors")) {
+        let names: Vec<&str> = files.iter().map(|(f, _)| f.as_str()).collect();
+        bail!("--model {org}/{name}: the repository has no config.json and safetensors weights (files: {}): kern loads Hugging Face checkpoints in safetensors, or a GGUF file through `kern pack --gguf`", names.join(", "));
     }
     let snapshot = repo.join("snapshots").join(&sha);
     std::fs::create_dir_all(&snapshot).with_context(|| format!("cannot create {}", snapshot.display()))?;
-    // Sizes first, for one progress bar over everything.
-    let mut responses = Vec::new();
+    // Files an earlier, interrupted download finished are kept.
+    let todo: Vec<&(String, Option<u64>)> = files.iter().filter(|(f, _)| !snapshot.join(f).is_file()).collect();
+    let bar = indicatif::ProgressBar::new(todo.iter().filter_map(|(_, n)| *n).sum());
+    bar.set_style(indicatif::ProgressStyle::with_template("downloading {msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
+    bar.set_message(format!("{org}/{name}"));
     let mut total = 0u64;
-    for f in &files {
-        let dst = snapshot.join(f);
-        if dst.is_file() {
-            continue; // an earlier, interrupted download got this one
-        }
+    // One file at a time: a request is made only when its file is read.
+    for (f, size) in todo {
         let url = format!("{}/{org}/{name}/resolve/{sha}/{f}", hub.endpoint);
-        let r = get(&url)?;
+        let mut r = get(&url)?;
         if !r.status().is_success() {
             return Err(status_error(f, r.status()));
         }
-        total += r.content_length().unwrap_or(0);
-        responses.push((f.clone(), dst, r));
-    }
-    let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(indicatif::ProgressStyle::with_template("downloading {msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
-    bar.set_message(format!("{org}/{name}"));
-    for (f, dst, mut r) in responses {
+        if size.is_none() {
+            bar.inc_length(r.content_length().unwrap_or(0));
+        }
+        let dst = snapshot.join(f);
         let part = dst.with_extension("kern-part");
         let mut out = std::fs::File::create(&part).with_context(|| format!("cannot write {}", part.display()))?;
         let mut buf = vec![0u8; 1 << 20];
@@ -124,6 +128,7 @@ fn download_blocking(hub: &Hub, org: &str, name: &str, repo: &Path) -> Result<Pa
             }
             out.write_all(&buf[..n]).with_context(|| format!("cannot write {}", part.display()))?;
             bar.inc(n as u64);
+            total += n as u64;
         }
         out.sync_all().ok();
         std::fs::rename(&part, &dst).with_context(|| format!("cannot move {} into place", part.display()))?;

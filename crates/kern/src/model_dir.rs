@@ -292,10 +292,10 @@ mod tests {
         let d = scratch("download");
         let config = serde_json::to_vec_pretty(&kern_pack_qwen3::config::preset("qwen3-0.6b").unwrap().to_hf_json()).unwrap();
         let api = serde_json::json!({"sha": "0123abcd", "siblings": [
-            {"rfilename": "config.json"}, {"rfilename": "model.safetensors"}, {"rfilename": "tokenizer.json"},
+            {"rfilename": "config.json"}, {"rfilename": "model.safetensors", "size": 100_000}, {"rfilename": "tokenizer.json"},
             {"rfilename": "README.md"}, {"rfilename": "pytorch_model.bin"}]});
         let files = vec![
-            ("/api/models/org/tiny/revision/main".to_string(), serde_json::to_vec(&api).unwrap()),
+            ("/api/models/org/tiny/revision/main?blobs=true".to_string(), serde_json::to_vec(&api).unwrap()),
             ("/org/tiny/resolve/0123abcd/config.json".to_string(), config.clone()),
             ("/org/tiny/resolve/0123abcd/model.safetensors".to_string(), vec![7u8; 100_000]),
             ("/org/tiny/resolve/0123abcd/tokenizer.json".to_string(), b"{}".to_vec()),
@@ -345,12 +345,12 @@ mod tests {
         let (endpoint, _) = fake_hub(vec![], None);
         let e = format!("{:#}", resolve_in(Some(id), &d, &cache, Some(&crate::hub::Hub { endpoint, token: None, offline: false })).unwrap_err());
         assert!(e.contains("no such model on the Hub"), "{e}");
-        let (endpoint, _) = fake_hub(vec![("/api/models/org/gone/revision/main".into(), b"{}".to_vec())], Some("t"));
+        let (endpoint, _) = fake_hub(vec![("/api/models/org/gone/revision/main?blobs=true".into(), b"{}".to_vec())], Some("t"));
         let e = format!("{:#}", resolve_in(Some(id), &d, &cache, Some(&crate::hub::Hub { endpoint, token: None, offline: false })).unwrap_err());
         assert!(e.contains("gated or private") && e.contains("HF_TOKEN"), "{e}");
         // A repository without safetensors weights is refused by name.
         let api = serde_json::json!({"sha": "ff", "siblings": [{"rfilename": "config.json"}, {"rfilename": "pytorch_model.bin"}]});
-        let (endpoint, _) = fake_hub(vec![("/api/models/org/gone/revision/main".into(), serde_json::to_vec(&api).unwrap())], None);
+        let (endpoint, _) = fake_hub(vec![("/api/models/org/gone/revision/main?blobs=true".into(), serde_json::to_vec(&api).unwrap())], None);
         let e = format!("{:#}", resolve_in(Some(id), &d, &cache, Some(&crate::hub::Hub { endpoint, token: None, offline: false })).unwrap_err());
         assert!(e.contains("safetensors"), "{e}");
         // A checkpoint directory that is not one.
