@@ -84,7 +84,7 @@ mod tests {
     #[test]
     fn what_it_writes_reads_back() {
         let mut w = Writer::new();
-        w.kv("general.architecture", ty::STRING, &string("qwen2")).kv("x.n", ty::U32, &7u32.to_le_bytes());
+        w.kv("general.name", ty::STRING, &string("tiny")).kv("x.n", ty::U32, &7u32.to_le_bytes());
         w.tensor("a", &[3], 0, [1.0f32, 2.0, 3.0].iter().flat_map(|x| x.to_le_bytes()).collect());
         w.tensor("b", &[2, 1], 0, [4.0f32, 5.0].iter().flat_map(|x| x.to_le_bytes()).collect());
         let bytes = w.bytes();
