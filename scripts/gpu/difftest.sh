@@ -35,7 +35,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 rm -rf "$W" && mkdir -p "$M"
 echo "== random weights ($PRESET) and the pack's manifest in $M"
 "$K" random-weights --preset "$PRESET" -o "$M" >"$W/setup.log" 2>&1 || { cat "$W/setup.log"; fail_setup "kern random-weights failed"; }
-"$K" pack --config "$M/config.json" -o "$M" --kernels "$KD" >>"$W/setup.log" 2>&1 || { cat "$W/setup.log"; fail_setup "kern pack failed"; }
+# --residual bf16: difftest_variants.py's split variant adds the residual with the bf16 add_inplace.
+"$K" pack --config "$M/config.json" -o "$M" --kernels "$KD" --residual bf16 >>"$W/setup.log" 2>&1 || { cat "$W/setup.log"; fail_setup "kern pack failed"; }
 python3 scripts/gpu/difftest_variants.py "$M" --kernels "$KD" || fail_setup "difftest_variants.py failed"
 for v in self split bad-eps gemm; do
   "$K" check "$M/model.$v.json" >/dev/null 2>"$W/check.$v.err" || { cat "$W/check.$v.err"; fail_setup "kern check model.$v.json failed"; }

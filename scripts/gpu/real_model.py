@@ -104,6 +104,7 @@ def main(argv=None):
     ap.add_argument("--work", default="/tmp/kern-real")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--pack-arg", action="append", default=[], help="extra `kern pack` argument (repeatable), e.g. --pack-arg=--residual --pack-arg=f32")
     a = ap.parse_args(argv)
     out_dir = os.environ.get("OUT")
     report = {"gguf": a.gguf, "steps": a.steps}
@@ -116,7 +117,7 @@ def main(argv=None):
     ok = True
 
     log("== 0. kern pack --gguf")
-    kern("pack", ["pack", "--gguf", a.gguf, "-o", model_dir, "--kernels", a.kernels, "--max-tokens", 256, "--max-seqs", 8, "--max-context", 1024], show_tail=2)
+    kern("pack", ["pack", "--gguf", a.gguf, "-o", model_dir, "--kernels", a.kernels, "--max-tokens", 256, "--max-seqs", 8, "--max-context", 1024, *a.pack_arg], show_tail=2)
 
     import numpy as np
     import torch

@@ -7,7 +7,7 @@ use kern_difftest::report::{Divergence, Precision, StepPrecision};
 use kern_difftest::{analyze, match_only, numeric, Analysis, Verdict};
 use kern_manifest::{load, CheckOptions, Manifest};
 use kern_pack_qwen3::config::preset;
-use kern_pack_qwen3::{generate, PackOptions};
+use kern_pack_qwen3::{generate, PackOptions, Residual};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -30,7 +30,8 @@ fn model_dir() -> &'static Path {
     DIR.get_or_init(|| {
         let out = std::env::temp_dir().join(format!("kern-difftest-{}", std::process::id()));
         let cfg = preset("qwen3-0.6b").unwrap();
-        generate(&cfg, &PackOptions { kernels: kernels(), ..Default::default() }, &out).unwrap();
+        // bf16 residual: the split variant's residual add is the bf16 `add_inplace`.
+        generate(&cfg, &PackOptions { kernels: kernels(), residual: Residual::Bf16, ..Default::default() }, &out).unwrap();
         let st = Command::new("python3")
             .arg(root().join("scripts/gpu/difftest_variants.py"))
             .arg(&out)

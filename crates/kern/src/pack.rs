@@ -68,6 +68,10 @@ pub struct Args {
     /// builds, which wait first). docs/manifest.md `pdl`; not yet measured on a GPU.
     #[arg(long)]
     pdl: bool,
+    /// The residual stream's dtype: `f32` (exact fp32 adds, as llama.cpp does; the GEMMs'
+    /// inputs stay bf16) or `bf16` (rounded after every add, as transformers' bf16 forward).
+    #[arg(long, value_name = "DTYPE", default_value = "f32")]
+    residual: kern_pack_qwen3::Residual,
 }
 
 pub(crate) fn model_type(config: &Path) -> Result<String> {
@@ -93,6 +97,7 @@ fn options(args: &Args) -> kern_pack_qwen3::PackOptions {
         draft: args.draft.map(|kind| kern_pack_qwen3::Draft { kind, k: args.draft_k.unwrap_or(kern_pack_qwen3::manifest::DEFAULT_DRAFT_K) }),
         decode_attention: args.decode_attention,
         pdl: args.pdl,
+        residual: args.residual,
     }
 }
 
@@ -326,6 +331,17 @@ mod tests {
     /// `--decode-attention split` reaches the pack options (default `plain`), and `kern pack`
     /// writes a manifest with the split-KV kernels that passes the check (run() loads it as
     /// `kern check` does).
+    /// `--residual` reaches the pack options (default f32); a wrong value names the choices.
+    #[test]
+    fn kern_pack_residual_option() {
+        use kern_pack_qwen3::Residual;
+        let r = |rest: &[&str]| parse(&[&["--config", "config.json", "-o", "out"][..], rest].concat()).map(|a| options(&a).residual);
+        assert_eq!(r(&[]).unwrap(), Residual::F32);
+        assert_eq!(r(&["--residual", "bf16"]).unwrap(), Residual::Bf16);
+        let e = r(&["--residual", "f64"]).unwrap_err();
+        assert!(e.contains("unknown residual dtype `f64`") && e.contains("bf16"), "{e}");
+    }
+
     #[test]
     fn kern_pack_decode_attention_split() {
         use kern_pack_qwen3::DecodeAttention;

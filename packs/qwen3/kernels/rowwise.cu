@@ -240,3 +240,116 @@ gather_last(bf16* __restrict__ out, const bf16* __restrict__ x, const int* __res
         for (int i = threadIdx.x; i < hidden; i += ROW_THREADS) o[i] = valid ? src[i] : b(0.f);
     }
 }
+
+// ----------------------------------------------------------------------------- fp32 residual
+// `kern pack --residual f32`: the residual stream (x, x_last) is kept in fp32, as llama.cpp keeps
+// its activations, instead of transformers' bf16. The residual adds are then exact fp32 adds
+// (no rounding to bf16 after every layer); only the norms' outputs, the GEMMs' inputs, are bf16,
+// rounded exactly as the bf16 kernels above round them (bf16(w * bf16(v * r))). Row-wise like
+// the rest: one CTA per row, 16-byte fp32 / 8-byte bf16 vector loads when the row length is a
+// multiple of 4 and the pointers allow, a scalar path otherwise.
+
+static __device__ __forceinline__ bool aligned8(const void* p) {
+    return ((uintptr_t)p & 7u) == 0;
+}
+
+// out[t, :] = float(table[ids[t], :]); ids outside [0, vocab) give a row of zeros.
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+embedding_f32(float* __restrict__ out, const bf16* __restrict__ table, const int* __restrict__ ids, int n,
+              int hidden, int vocab) {
+    KERN_PDL_WAIT();
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    const int id = ids[t];
+    const bool valid = id >= 0 && id < vocab;
+    float* o = out + (size_t)t * hidden;
+    const bf16* src = table + (size_t)(valid ? id : 0) * hidden;
+    for (int i = threadIdx.x; i < hidden; i += ROW_THREADS) o[i] = valid ? f(src[i]) : 0.f;
+}
+
+// One row. ADD: res = res + x (fp32, written back), then the norm of res. Plain: the norm of src.
+// Pass 2 re-reads only the elements the same thread wrote in pass 1: no barrier needed for that.
+template <bool ADD>
+__device__ __forceinline__ void rms_row_f32(bf16* __restrict__ out, float* res, const float* src,
+                                            const bf16* __restrict__ x, const bf16* __restrict__ w, int hidden,
+                                            float eps) {
+    __shared__ float scratch[32];
+    const int tid = threadIdx.x;
+    const float* row = ADD ? res : src;
+    float ss = 0.f;
+    const bool vec = (hidden & 3) == 0 && aligned16(row) && aligned8(w) && aligned8(out) && (!ADD || aligned8(x));
+    if (vec) {
+        const int nc = hidden >> 2;
+        for (int c = tid; c < nc; c += ROW_THREADS) {
+            float4 v = reinterpret_cast<const float4*>(row)[c];
+            if (ADD) {
+                const uint2 xv = reinterpret_cast<const uint2*>(x)[c];
+                const float2 a = unpack2(xv.x), bb = unpack2(xv.y);
+                v.x += a.x;
+                v.y += a.y;
+                v.z += bb.x;
+                v.w += bb.y;
+                reinterpret_cast<float4*>(res)[c] = v;
+            }
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        ss = block_sum(ss, scratch);
+        const float r = rsqrtf(ss * (1.0f / (float)hidden) + eps);
+        for (int c = tid; c < nc; c += ROW_THREADS) {
+            const float4 v = reinterpret_cast<const float4*>(row)[c];
+            const uint2 wv = __ldg(reinterpret_cast<const uint2*>(w) + c);
+            const float2 g0 = unpack2(wv.x), g1 = unpack2(wv.y);
+            uint2 o;
+            o.x = pack2(g0.x * rb(v.x * r), g0.y * rb(v.y * r));
+            o.y = pack2(g1.x * rb(v.z * r), g1.y * rb(v.w * r));
+            reinterpret_cast<uint2*>(out)[c] = o;
+        }
+    } else {
+        for (int i = tid; i < hidden; i += ROW_THREADS) {
+            float v = row[i];
+            if (ADD) {
+                v += f(x[i]);
+                res[i] = v;
+            }
+            ss += v * v;
+        }
+        ss = block_sum(ss, scratch);
+        const float r = rsqrtf(ss * (1.0f / (float)hidden) + eps);
+        for (int i = tid; i < hidden; i += ROW_THREADS) out[i] = b(f(w[i]) * rb(row[i] * r));
+    }
+}
+
+// out[t] = rmsnorm(x[t]) * w, x fp32
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+rms_norm_f32(bf16* __restrict__ out, const float* __restrict__ x, const bf16* __restrict__ w, int n, int hidden,
+             float eps) {
+    KERN_PDL_WAIT();
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    rms_row_f32<false>(out + (size_t)t * hidden, nullptr, x + (size_t)t * hidden, nullptr, w, hidden, eps);
+}
+
+// residual[t] += x[t] (fp32); out[t] = rmsnorm(residual[t]) * w
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+add_rms_norm_f32(bf16* __restrict__ out, float* __restrict__ residual, const bf16* __restrict__ x,
+                 const bf16* __restrict__ w, int n, int hidden, float eps) {
+    KERN_PDL_WAIT();
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    rms_row_f32<true>(out + (size_t)t * hidden, residual + (size_t)t * hidden, nullptr, x + (size_t)t * hidden, w,
+                      hidden, eps);
+}
+
+// out[s, :] = x[last_token[s], :] (fp32 rows); an index outside [0, tokens) gives zeros.
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+gather_last_f32(float* __restrict__ out, const float* __restrict__ x, const int* __restrict__ last_token, int seqs,
+                int tokens, int hidden) {
+    KERN_PDL_WAIT();
+    const int s = blockIdx.x;
+    if (s >= seqs) return;
+    const int t = last_token[s];
+    const bool valid = t >= 0 && t < tokens;
+    const float* src = x + (size_t)(valid ? t : 0) * hidden;
+    float* o = out + (size_t)s * hidden;
+    for (int i = threadIdx.x; i < hidden; i += ROW_THREADS) o[i] = valid ? src[i] : 0.f;
+}
