@@ -156,6 +156,7 @@ def main(argv=None):
             cut = os.path.join(model_dir, f"model.cut{l}.json")
             cut_manifest(model_json, l, cut)
             od = os.path.join(a.work, f"out-{i}-{l}")
+            os.makedirs(od, exist_ok=True)
             kern(f"run-{i}-{l}", ["run", cut, "--weights", model_dir, "--set", f"tokens={len(ids)}", "--set", "seqs=1", *inputs,
                                   "--output", "o", "--output", "mlp", "--output", "x", "--out-dir", od])
             for t in TENSORS:
