@@ -14,7 +14,13 @@ W=${KERN_SPEC_DIR:-/tmp/kern-spec}
 mkdir -p $W
 rm -f $W/results.txt
 d=$W/qwen3-4b
-PACK=(--kernels build/packs/qwen3 --max-tokens 512 --max-seqs 64 --max-context 4096)
+# --max-tokens 4096: the 8 prompts (2,560 tokens) prefill in one step in every run, so plain and
+# speculative runs compute the same KV. With a smaller budget the prompts' chunks share steps with
+# the first decode rows, differently in each run (the drafts take tokens of the budget too); a
+# row computed in a 512-token step goes through other GEMM kernels than the same row in a decode
+# step, and a random model's near-tied logits flip on that rounding (the first run, 2026-12-02:
+# batch 8 differed from step 1–40 for self and skip drafts alike, batch 1 was identical).
+PACK=(--kernels build/packs/qwen3 --max-tokens 4096 --max-seqs 64 --max-context 4096)
 if [[ ! -f $d/model.json ]]; then
   $K random-weights --preset qwen3-4b -o $d >/dev/null 2>&1 || { echo "random-weights failed"; exit 1; }
   $K pack --config $d/config.json -o $d "${PACK[@]}" >/dev/null || exit 1
