@@ -488,8 +488,13 @@ impl Model for GpuModel {
     fn measure_copy_bandwidth(&mut self) -> Option<f64> {
         let rt = self.rt.first();
         let ctx = rt.context().clone();
-        let len = 1usize << 30;
-        let (a, b) = (ctx.alloc(len).ok()?, ctx.alloc(len).ok()?);
+        // Two 1 GiB buffers, or smaller ones when the KV pool left less free (it plans to leave
+        // 1 GiB): 128 MiB each is still far past the L2, so the copy reads and writes HBM.
+        let (len, a, b) = [1usize << 30, 1 << 28, 1 << 27].into_iter().find_map(|len| {
+            let a = ctx.alloc(len).ok()?;
+            let b = ctx.alloc(len).ok()?;
+            Some((len, a, b))
+        })?;
         let s = rt.stream();
         for _ in 0..3 {
             b.copy_from_device_async(0, &a, 0, len, s).ok()?;
