@@ -20,9 +20,12 @@ fn dtype(m: &Manifest, buf: &str) -> DType {
     m.buffers[m.buffer(buf).unwrap().0].dtype
 }
 
+/// A named change to the pack options.
+type Variant = (&'static str, fn(&mut PackOptions));
+
 #[test]
 fn f32_residual_uses_the_f32_kernels_and_passes_kern_check() {
-    let variants: [(&str, fn(&mut PackOptions)); 5] = [
+    let variants: [Variant; 5] = [
         ("plain", |_| {}),
         ("layer-skip draft", |o| o.draft = Some(Draft { kind: DraftKind::LayerSkip(2), k: 3 })),
         ("tp 2", |o| o.tp = Some(2)),
