@@ -115,7 +115,8 @@ pub enum DecodeAttention {
     /// `split`: steps with `tokens <= seqs` (every row one token) run the split-KV kernels of
     /// the module `attention_decode` (`attention_decode_dD` over `seqs × Hkv × S` CTAs, then
     /// `attention_combine_dD`; packs/qwen3/KERNELS.md), other steps `attention_dD`. Needs
-    /// `Hq / Hkv <= 16`. Not yet verified on a GPU: off by default.
+    /// `Hq / Hkv <= 16`. Verified on the H200 (packs/qwen3/KERNELS.md); off by default until
+    /// its batch-dependent split count is checked against speculative decoding's identical output.
     Split,
 }
 
