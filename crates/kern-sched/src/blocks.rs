@@ -292,6 +292,21 @@ impl BlockManager {
         if let Some(c) = self.cached[p as usize].take() {
             self.by_hash.remove(&c.hash);
             self.stats.evictions += 1;
+            // A store not made yet (the page was registered outside a commit, e.g. by a draft
+            // round, and evicted before the step after it) would copy what the page's next
+            // owner writes: the host slot gives the prefix up instead.
+            if let Some(i) = self.stores.iter().position(|&(q, _)| q == p) {
+                let (_, slot) = self.stores.remove(i);
+                self.stats.stored -= 1;
+                if let Some(host) = self.host.as_mut() {
+                    if host.entries[slot as usize].as_ref().is_some_and(|e| e.hash == c.hash) {
+                        host.entries[slot as usize] = None;
+                        host.by_hash.remove(&c.hash);
+                        host.lru.unlink(slot);
+                        host.lru.push_front(slot);
+                    }
+                }
+            }
         }
         self.refs[p as usize] = 1;
         Some(p)
@@ -568,6 +583,26 @@ mod tests {
         b.release(&mut hit.clone());
         let (hit, _) = b.lookup(&[1, 2, 3, 9], 9);
         assert_eq!(hit.len(), 1);
+        b.check();
+    }
+
+    #[test]
+    fn a_page_evicted_before_its_store_is_made_is_not_stored() {
+        let mut b = BlockManager::new(2, 2).with_host_tier(3);
+        let mut a = Vec::new();
+        b.ensure(&mut a, 4).unwrap();
+        let c0 = b.register(a[0], None, &[1, 2]);
+        b.register(a[1], Some(c0), &[3, 4]);
+        // Released and taken by another sequence before the engine made the stores.
+        b.release(&mut a);
+        let mut other = Vec::new();
+        b.ensure(&mut other, 4).unwrap();
+        assert!(b.take_stores().is_empty(), "the pages now hold another sequence's tokens");
+        assert_eq!(b.stats().stored, 0);
+        b.release(&mut other);
+        let (hit, _) = b.lookup(&[1, 2, 3, 4, 5], 9);
+        assert!(hit.is_empty(), "no host slot claims the prefix");
+        assert!(b.take_restores().is_empty());
         b.check();
     }
 }

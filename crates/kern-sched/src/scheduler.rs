@@ -662,7 +662,16 @@ impl Scheduler {
             // went unverified, it is read again — the same token at the same position).
             let start = s.draft_computed.min(s.tokens.len() - 1);
             let catch_up = s.tokens.len() - start;
-            let (rows, n, partial) = if catch_up <= CATCH_UP_ROWS.min(d_rows).min(d_tokens) {
+            // The draft state must hold what the target's state holds, bit for bit, or a self
+            // draft's near-ties flip. The target computed the prompt prefill-shaped and every
+            // generated token decode-shaped, so the draft does too: the prompt's part as one
+            // varlen row ending at the prompt (partial: the generated tokens follow next round),
+            // the generated tokens as one-token rows.
+            let prompt_end = s.tokens.len() - s.generated;
+            let (rows, n, partial) = if start < prompt_end && catch_up > 1 {
+                let n = (prompt_end - start).min(d_tokens);
+                (1, n, n < catch_up)
+            } else if catch_up <= CATCH_UP_ROWS.min(d_rows).min(d_tokens) {
                 (catch_up, catch_up, false)
             } else {
                 let n = catch_up.min(d_tokens);
@@ -1217,31 +1226,40 @@ mod tests {
         assert!(s.draft_begin(no_pad).is_none(), "nothing decodes yet: no draft round");
         let st = s.schedule(no_pad).unwrap();
         fake.step(&mut s, &st);
-        // Round 1: the draft state catches up on the whole context in one varlen row (the prompt
-        // and the first generated token), whose last position proposes the first draft.
+        // Round 1: the draft state catches up on the prompt in one varlen row, as the target
+        // computed it (prefill-shaped), and stops there: no drafts this round.
         let st = s.draft_begin(no_pad).unwrap();
-        assert_eq!((st.real_seqs, st.real_tokens, st.positions[0], st.seq_lens[0]), (1, 11, 0, 11));
+        assert_eq!((st.real_seqs, st.real_tokens, st.positions[0], st.seq_lens[0]), (1, 10, 0, 10));
+        let sampled = run_rows(&mut fake.draft.as_mut().unwrap().1, 4, &st, next_token, "draft");
+        assert!(s.draft_advance(&st, &sampled, no_pad).is_none(), "a catch-up that stops at the prompt proposes nothing");
+        let st = s.schedule(no_pad).unwrap();
+        assert_eq!((st.real_seqs, st.positions[0]), (1, 10), "a plain decode step");
+        fake.step(&mut s, &st);
+        // Round 2: the generated tokens as one-token rows (decode-shaped, as the target computed
+        // them), the last proposing the first draft; then one row per draft.
+        let st = s.draft_begin(no_pad).unwrap();
+        assert_eq!((st.real_seqs, st.positions[..2].to_vec(), st.seq_lens[..2].to_vec()), (2, vec![10, 11], vec![11, 12]));
         let sampled = run_rows(&mut fake.draft.as_mut().unwrap().1, 4, &st, next_token, "draft");
         let st = s.draft_advance(&st, &sampled, no_pad).unwrap();
-        assert_eq!((st.real_tokens, st.positions[0], st.token_ids[0]), (1, 11, sampled[0]), "then one row per draft, at the next position");
+        assert_eq!((st.real_tokens, st.positions[0], st.token_ids[0]), (1, 12, sampled[1]), "then one row per draft, at the next position");
         let sampled = run_rows(&mut fake.draft.as_mut().unwrap().1, 4, &st, next_token, "draft");
         let st = s.draft_advance(&st, &sampled, no_pad).unwrap();
         let sampled = run_rows(&mut fake.draft.as_mut().unwrap().1, 4, &st, next_token, "draft");
         assert!(s.draft_advance(&st, &sampled, no_pad).is_none(), "k = 3 drafts: the round is over");
         // The verify step: the last token and the three drafts, one row each.
         let st = s.schedule(no_pad).unwrap();
-        assert_eq!((st.real_seqs, st.positions[..4].to_vec()), (4, vec![10, 11, 12, 13]));
+        assert_eq!((st.real_seqs, st.positions[..4].to_vec()), (4, vec![11, 12, 13, 14]));
         let out = fake.step(&mut s, &st);
         assert_eq!(out.len(), 4, "a perfect draft: all three accepted plus the target's next token");
-        // Round 2: all drafts were accepted, so the draft never read its last draft: two
+        // Round 3: all drafts were accepted, so the draft never read its last draft: two
         // one-token catch-up rows (decode-shaped), the second proposing.
         let st = s.draft_begin(no_pad).unwrap();
-        assert_eq!((st.real_seqs, st.positions[..2].to_vec()), (2, vec![13, 14]));
+        assert_eq!((st.real_seqs, st.positions[..2].to_vec()), (2, vec![14, 15]));
         s.draft_advance(&st, &run_rows(&mut fake.draft.as_mut().unwrap().1, 4, &st, next_token, "draft"), no_pad);
         s.check_invariants();
         let (rest, _, _) = run_all(&mut s, &mut fake);
         let got: Vec<u32> = out.iter().map(|o| o.token).chain(rest.get(&id).cloned().unwrap_or_default()).collect();
-        assert_eq!(&got[..], &reference(next_token, &prompt, 12)[1..]);
+        assert_eq!(&got[..], &reference(next_token, &prompt, 12)[2..]);
         let sp = s.spec_stats();
         assert_eq!(sp.accepted_tokens, sp.draft_tokens, "the target as its own draft is always right: {sp:?}");
         assert!(sp.draft_steps >= 4, "{sp:?}");
@@ -1260,6 +1278,25 @@ mod tests {
         }
         let sp = s.spec_stats();
         assert!(sp.accepted_tokens > 0 && sp.accepted_tokens < sp.draft_tokens, "some drafts right, some wrong: {sp:?}");
+    }
+
+    /// A case that once broke the draft catch-up split at the prompt's end (a host tier, shared
+    /// prefixes, k = 1): the self draft stays exact and is never rejected.
+    #[test]
+    fn a_self_draft_with_shared_prefixes_and_a_host_tier_stays_exact() {
+        let slots = 3;
+        let mut s = Scheduler::new(SchedulerConfig { chunk: 23, max_seqs: 5, max_context: 64, pages_per_seq: 16, spec: Some(SpecConfig::program(1)) }, BlockManager::new(18, 4).with_host_tier(slots));
+        let mut fake = Fake::new(&s, slots, repeaty).with_draft(repeaty);
+        let prefixes: [Vec<u32>; 3] = [(0..13).map(|t| t % 5).collect(), (0..9).map(|t| 100 + t).collect(), (0..4).collect()];
+        let reqs = [(1, 0, 13), (2, 1, 13), (0, 0, 7), (0, 3, 3), (0, 0, 1), (0, 0, 1), (0, 0, 1)]
+            .into_iter()
+            .enumerate()
+            .map(|(j, (pre, extra, max_tokens)): (usize, (usize, u32, usize))| (prefixes[pre].iter().copied().chain((0..extra).map(|t| 1000 + t + j as u32)).collect(), max_tokens, None))
+            .collect();
+        drive(&mut s, &mut fake, reqs).unwrap();
+        let sp = s.spec_stats();
+        assert_eq!(sp.accepted_tokens, sp.draft_tokens, "{sp:?}");
+        assert!(sp.draft_tokens > 0, "{sp:?}");
     }
 
     proptest::proptest! {
