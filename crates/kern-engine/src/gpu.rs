@@ -405,11 +405,14 @@ impl GpuModel {
         let vocab = if mi.vocab > 0 { mi.vocab as u64 } else { 1000 };
         for i in 0..batch as u64 {
             let prompt: Vec<u32> = (0..context as u64).map(|t| ((t * 7919 + i * 104_729 + 13) % vocab) as u32).collect();
-            sched.add(prompt, SamplingParams { max_tokens: 2, ignore_eos: true, ..Default::default() }).map_err(|e| err(e.to_string()))?;
+            // Enough tokens that no sequence finishes before the last prompt is prefilled: the
+            // profiled decode step has all `batch` rows.
+            let max_tokens = mi.max_context() - context;
+            sched.add(prompt, SamplingParams { max_tokens, ignore_eos: true, ..Default::default() }).map_err(|e| err(e.to_string()))?;
         }
         loop {
             let st = sched.schedule(|t, s, _| (t, s)).ok_or_else(|| err("the scheduler produced no step"))?;
-            if prefill || st.is_decode() {
+            if prefill || (st.is_decode() && st.real_seqs == batch) {
                 let what = format!("{} step: {} sequences, {} tokens", if st.is_decode() { "decode" } else { "prefill" }, st.real_seqs, st.real_tokens);
                 let calls = self.profile_step(&st)?;
                 return Ok((what, calls));
