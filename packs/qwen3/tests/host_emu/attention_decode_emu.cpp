@@ -1,6 +1,8 @@
 // Runs packs/qwen3/kernels/attention_decode.cu on the CPU (emu.h) against an fp64 reference:
-// decode and verify rows, padded tokens and sequences, several split counts and both head dims;
-// rows that take one split must be bit-identical to attention.cu's attention_dD (run the same way).
+// decode and verify rows, padded tokens and sequences, several chunk limits and grid z sizes and
+// both head dims; rows that take one chunk must be bit-identical to attention.cu's attention_dD
+// (run the same way). Then batch invariance: the same rows in steps of 1, 3, 8 and 64 rows, at
+// several grid z sizes and as verify rows must be bit-identical (run_invariance).
 // Checks the logic (token lookup, chunking, scratch layout, combine), not GPU behaviour.
 //
 //   bash packs/qwen3/tests/host_emu/run.sh
@@ -13,6 +15,7 @@ extern "C" void attention_d64(kern::bf16*, const kern::bf16*, const kern::bf16*,
                               int, int, int, int, int, int, int, int, float);
 
 #include <algorithm>
+#include <map>
 #include <random>
 #include <string>
 
@@ -25,8 +28,9 @@ struct Case {
     int Hq, Hkv, D, pt;
     std::vector<int> groups;                 // context of each sequence (its pages and K/V)
     std::vector<std::pair<int, int>> rows;   // (group, ctx): a one-token row
-    int pad_t, pad_s, S, min_chunk;
+    int pad_t, pad_s, S, min_chunk;            // S: the grid's z size
     std::vector<std::pair<int, int>> prefill;  // optional: (cached, new) sequences instead of rows
+    int max_chunks = 0;                        // the kernel's max_chunks; 0: S
 };
 
 static int cdiv(int a, int b) { return (a + b - 1) / b; }
@@ -96,7 +100,8 @@ static bool run_case(const Case& c, unsigned seed) {
     const int q_stride = (Hq + 2 * Hkv) * D;
     std::vector<uint16_t> qkv((size_t)T * q_stride);
     for (auto& x : qkv) x = bf(nd(rng));
-    const size_t nP = (size_t)cdiv(T, 4) * 4 + (size_t)c.S * T * Hq * (D + 4);
+    const int MC = c.max_chunks ? c.max_chunks : c.S;
+    const size_t nP = (size_t)cdiv(T, 4) * 4 + (size_t)MC * T * Hq * (D + 4);
     std::vector<float> partial(nP + 64, NAN);
     std::vector<uint16_t> out((size_t)(T + 1) * Hq * D, BF_NAN);
     const float scale = 1.0f / std::sqrt((float)D);
@@ -106,10 +111,10 @@ static bool run_case(const Case& c, unsigned seed) {
     emu_launch(uint3_{(unsigned)T, (unsigned)Hkv, (unsigned)c.S}, 128, [&] {
         if (D == 128)
             attention_decode_d128(partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq,
-                                  Hkv, layer, layers, pt, scale, c.min_chunk);
+                                  Hkv, layer, layers, pt, scale, c.min_chunk, MC);
         else
             attention_decode_d64(partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq,
-                                 Hkv, layer, layers, pt, scale, c.min_chunk);
+                                 Hkv, layer, layers, pt, scale, c.min_chunk, MC);
     });
     emu_launch(uint3_{(unsigned)T, (unsigned)Hq, 1}, (unsigned)D, [&] {
         if (D == 128)
@@ -138,7 +143,7 @@ static bool run_case(const Case& c, unsigned seed) {
         for (int i = 0; i < q.n_new; ++i, ++t) {
             const int kmax = q.ctx - q.n_new + i + 1;
             const int mc = std::max(32, cdiv(c.min_chunk, 32) * 32);
-            const int chunk = std::max(mc, cdiv(cdiv(kmax, c.S), 32) * 32);
+            const int chunk = std::max(mc, cdiv(cdiv(kmax, MC), 32) * 32);
             const int act = cdiv(kmax, chunk);
             max_act = std::max(max_act, act);
             if (partial[t] != (float)act) ++bad_hdr;
@@ -179,12 +184,216 @@ static bool run_case(const Case& c, unsigned seed) {
     for (size_t e = nP; e < partial.size(); ++e) bad_guard += !std::isnan(partial[e]);
     const double tol = std::ldexp(mx, -7);
     const bool ok = err <= tol && !bad_hdr && !bad_pad && !bad_guard && !nonfinite && !single_diff;
-    std::printf("[%s] %s: Hq=%d Hkv=%d D=%d page %d rows %d+%d S=%d min_chunk %d: max err %.3e (tol %.3e), up to %d active "
-                "splits, %d single-split rows %s attention_d%d%s%s%s%s\n",
-                ok ? "PASS" : "FAIL", c.name.c_str(), Hq, Hkv, D, pt, n_tok, c.pad_t, c.S, c.min_chunk, err, tol, max_act,
+    std::printf("[%s] %s: Hq=%d Hkv=%d D=%d page %d rows %d+%d Z=%d max_chunks %d min_chunk %d: max err %.3e (tol %.3e), up "
+                "to %d chunks, %d single-chunk rows %s attention_d%d%s%s%s%s\n",
+                ok ? "PASS" : "FAIL", c.name.c_str(), Hq, Hkv, D, pt, n_tok, c.pad_t, c.S, MC, c.min_chunk, err, tol, max_act,
                 single_rows, single_diff ? "NOT bit-identical to" : "bit-identical to", D,
                 bad_hdr ? ", BAD HEADER" : "", bad_pad ? ", padded rows not zero" : "", bad_guard ? ", GUARD WRITTEN" : "",
                 nonfinite ? ", NON-FINITE" : "");
+    return ok;
+}
+
+// ---- batch invariance: the same rows (same sequence KV, same position, same query) computed in
+// decode steps of 1, 3, 8 and 64 rows, with several grid z sizes, and as k + 1 consecutive
+// one-token rows of one sequence (a verify step), must give BIT-IDENTICAL outputs.
+struct InvFixture {
+    int Hq, Hkv, D, pt, max_chunks, min_chunk;
+    int layers = 2, layer = 1, max_pages = 0;
+    std::vector<int> gctx;                 // each group's KV length
+    std::vector<std::vector<int>> gpages;  // each group's pages
+    std::vector<uint16_t> pool;
+};
+
+static InvFixture inv_fixture(int Hq, int Hkv, int D, int pt, int max_chunks, std::vector<int> gctx, unsigned seed) {
+    InvFixture f{Hq, Hkv, D, pt, max_chunks, 64};
+    f.gctx = gctx;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    int total = 2;
+    for (int x : gctx) {
+        f.max_pages = std::max(f.max_pages, cdiv(x, pt) + 1);
+        total += cdiv(x, pt);
+    }
+    std::vector<int> perm(total);
+    for (int i = 0; i < total; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    int it = 0;
+    for (int x : gctx) {
+        f.gpages.emplace_back(perm.begin() + it, perm.begin() + it + cdiv(x, pt));
+        it += cdiv(x, pt);
+    }
+    const size_t row = (size_t)Hkv * D, page_elems = (size_t)pt * f.layers * 2 * row;
+    f.pool.assign((size_t)total * page_elems, BF_NAN);
+    for (size_t g = 0; g < gctx.size(); ++g)
+        for (int p = 0; p < gctx[g]; ++p)
+            for (int kv = 0; kv < 2; ++kv)
+                for (size_t e = 0; e < row; ++e)
+                    f.pool[(size_t)f.gpages[g][p / pt] * page_elems + ((size_t)(f.layer * 2 + kv) * pt + p % pt) * row + e] =
+                        bf(nd(rng));
+    return f;
+}
+
+// A row: sequence group g's token at position ctx - 1 (ctx visible keys); its query depends on
+// (g, ctx) only.
+struct InvRow {
+    int g, ctx;
+};
+
+// One decode step over `seqs` (each a list of one-token rows sharing the group's block-table row:
+// one row is a decode row, k + 1 consecutive rows a verify step's), plus pad_t padded tokens and
+// pad_s padded sequences, with grid z = Z. Returns per row, in order, its output (Hq * D bf16)
+// followed by its scratch records in chunk order ({o, m, l} of every head, as 16-bit halves of
+// the fp32 bits; the header's chunk count first): the records must be bit-identical too, which
+// catches a chunking that depends on the step even where the bf16 output happens to round the
+// same. `bad` counts scratch guard writes and non-zero padded rows.
+static std::vector<std::vector<uint16_t>> inv_step(const InvFixture& f, const std::vector<InvRow>& rows, int pad_t, int pad_s,
+                                                   int Z, int& bad) {
+    const int Hq = f.Hq, Hkv = f.Hkv, D = f.D, q_stride = (Hq + 2 * Hkv) * D;
+    const int n = (int)rows.size(), T = n + pad_t, Sb = n + pad_s;
+    std::vector<int> bt((size_t)Sb * f.max_pages, -1), qs{0}, sl;
+    std::vector<uint16_t> qkv((size_t)T * q_stride, BF_NAN);  // k and v parts are never read
+    for (int i = 0; i < n; ++i) {
+        const InvRow& r = rows[i];
+        for (size_t j = 0; j < f.gpages[r.g].size(); ++j) bt[(size_t)i * f.max_pages + j] = f.gpages[r.g][j];
+        qs.push_back(i + 1);
+        sl.push_back(r.ctx);
+        std::mt19937 rng(1000003u * (unsigned)r.g + (unsigned)r.ctx);
+        std::normal_distribution<float> nd(0.f, 1.f);
+        for (int e = 0; e < Hq * D; ++e) qkv[(size_t)i * q_stride + e] = bf(nd(rng));
+    }
+    for (int i = 0; i < pad_s; ++i) {
+        qs.push_back(n);
+        sl.push_back(0);
+    }
+    for (int t = n; t < T; ++t)
+        for (int e = 0; e < Hq * D; ++e) qkv[(size_t)t * q_stride + e] = bf(1.f);
+    const size_t nP = (size_t)cdiv(T, 4) * 4 + (size_t)f.max_chunks * T * Hq * (D + 4);
+    std::vector<float> partial(nP + 64, NAN);
+    std::vector<uint16_t> out((size_t)T * Hq * D, BF_NAN);
+    const float scale = 1.0f / std::sqrt((float)D);
+    auto* qp = reinterpret_cast<const kern::bf16*>(qkv.data());
+    auto* kvp = reinterpret_cast<const kern::bf16*>(f.pool.data());
+    emu_launch(uint3_{(unsigned)T, (unsigned)Hkv, (unsigned)Z}, 128, [&] {
+        if (D == 128)
+            attention_decode_d128(partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, f.max_pages, q_stride, Hq,
+                                  Hkv, f.layer, f.layers, f.pt, scale, f.min_chunk, f.max_chunks);
+        else
+            attention_decode_d64(partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, f.max_pages, q_stride, Hq,
+                                 Hkv, f.layer, f.layers, f.pt, scale, f.min_chunk, f.max_chunks);
+    });
+    emu_launch(uint3_{(unsigned)T, (unsigned)Hq, 1}, (unsigned)D, [&] {
+        auto* op = reinterpret_cast<kern::bf16*>(out.data());
+        if (D == 128)
+            attention_combine_d128(op, partial.data(), T, Hq);
+        else
+            attention_combine_d64(op, partial.data(), T, Hq);
+    });
+    for (size_t e = nP; e < partial.size(); ++e) bad += !std::isnan(partial[e]);
+    for (size_t e = (size_t)n * Hq * D; e < out.size(); ++e) bad += out[e] != 0 && out[e] != 0x8000;
+    std::vector<std::vector<uint16_t>> res;
+    auto push32 = [](std::vector<uint16_t>& v, float x) {
+        uint32_t u;
+        std::memcpy(&u, &x, 4);
+        v.push_back((uint16_t)(u & 0xffff));
+        v.push_back((uint16_t)(u >> 16));
+    };
+    for (int i = 0; i < n; ++i) {
+        std::vector<uint16_t> r(out.begin() + (size_t)i * Hq * D, out.begin() + (size_t)(i + 1) * Hq * D);
+        const int nc = (int)partial[i];
+        push32(r, partial[i]);
+        for (int c = 0; c < nc; ++c)
+            for (int h = 0; h < Hq; ++h)
+                for (int e = 0; e < D + 2; ++e) push32(r, partial[dec_record(T, Hq, D, c, i, h) + e]);
+        res.push_back(std::move(r));
+    }
+    return res;
+}
+
+// The manifest's grid z for a step of `seqs` rows of a model with `hkv_model` kv heads
+// (packs/qwen3/gen: decode_splits); the fixtures below run fewer kv heads than the model whose
+// grid they mimic, to keep the emulation short.
+static int inv_grid_z(int seqs, int hkv_model, int max_chunks) {
+    return std::max(1, std::min(max_chunks, cdiv(264, seqs * hkv_model)));
+}
+
+static bool run_invariance(const char* name, int Hq, int Hkv, int D, int max_chunks, int hkv_model, std::vector<int> ctxs,
+                           unsigned seed) {
+    // group 0: a 4096-token sequence; group 1: a short one for filler rows
+    const InvFixture f = inv_fixture(Hq, Hkv, D, 16, max_chunks, {4096, 96}, seed);
+    auto Zs = [&](int seqs) { return inv_grid_z(seqs, hkv_model, max_chunks); };
+    std::vector<InvRow> rows;
+    for (int c : ctxs) rows.push_back({0, c});
+    // (g, ctx) -> the row's output the first time it was computed; every later one must equal it
+    std::map<std::pair<int, int>, std::vector<uint16_t>> ref;
+    int diff_rows = 0, compared = 0, bad = 0, steps = 0;
+    auto step = [&](const std::vector<InvRow>& s, int pad_t, int pad_s, int Z) {
+        ++steps;
+        const auto got = inv_step(f, s, pad_t, pad_s, Z, bad);
+        for (size_t i = 0; i < s.size(); ++i) {
+            auto [it, fresh] = ref.try_emplace({s[i].g, s[i].ctx}, got[i]);
+            if (fresh) continue;
+            ++compared;
+            if (it->second != got[i]) {
+                if (diff_rows < 4)
+                    std::printf("    differs: group %d ctx %d in a step of %zu rows, grid z %d\n", s[i].g, s[i].ctx, s.size(), Z);
+                ++diff_rows;
+            }
+        }
+    };
+    // steps of 1 at batch 1's grid z (every chunk its own CTA), then two at z = 1
+    for (auto& r : rows) step({r}, 0, 0, Zs(1));
+    step({rows.back()}, 0, 0, 1);
+    step({rows[rows.size() / 2]}, 0, 0, 1);
+    // steps of 3 (+ a padded token and a padded sequence), at the manifest's z
+    for (size_t i = 0; i < rows.size(); i += 3) {
+        std::vector<InvRow> s(rows.begin() + i, rows.begin() + std::min(rows.size(), i + 3));
+        step(s, 1, 1, Zs(3));
+    }
+    // steps of 8 (rows in another order), at the manifest's z and at others
+    for (int Z : {Zs(8), 2, 7, max_chunks}) {
+        std::vector<InvRow> s;
+        for (size_t i = 0; i < 8; ++i) s.push_back(rows[(i * 5 + Z) % rows.size()]);
+        std::sort(s.begin(), s.end(), [](const InvRow& a, const InvRow& b) { return a.ctx < b.ctx; });
+        s.erase(std::unique(s.begin(), s.end(), [](const InvRow& a, const InvRow& b) { return a.ctx == b.ctx; }), s.end());
+        std::reverse(s.begin(), s.end());
+        step(s, 0, 0, Z);
+    }
+    // a step of 64 rows: every row above between short filler rows of group 1, at the manifest's
+    // z and at z = 1
+    {
+        std::vector<InvRow> s;
+        std::mt19937 rng(seed + 1);
+        size_t next = 0;
+        while (s.size() < 64) {
+            if (next < rows.size() && (rng() % 4 == 0 || 64 - s.size() <= rows.size() - next))
+                s.push_back(rows[next++]);
+            else
+                s.push_back({1, 1 + (int)(rng() % 96)});
+        }
+        step(s, 0, 0, Zs(64));
+        step(s, 0, 0, 1);
+    }
+    // verify steps: k + 1 consecutive one-token rows of one sequence (one block-table row,
+    // consecutive seq_lens); their rows again as decode rows of steps of 1; then a step of two
+    // sequences' verify rows, a decode row and padding
+    for (auto [k, last] : {std::pair{4, 65}, {3, 65}, {4, 2049}, {4, 4096}, {3, 4096}}) {
+        std::vector<InvRow> s;
+        for (int i = 0; i <= k; ++i) s.push_back({0, last - k + i});
+        step(s, 0, 0, Zs((int)s.size()));
+    }
+    for (int c : {62, 2047, 4093}) step({{0, c}}, 0, 0, Zs(1));
+    {
+        std::vector<InvRow> s;
+        for (int i = 0; i < 5; ++i) s.push_back({0, 4092 + i});
+        for (int i = 0; i < 5; ++i) s.push_back({1, 92 + i});
+        s.push_back({0, rows[rows.size() / 2].ctx});
+        step(s, 2, 1, Zs((int)s.size()));
+    }
+    const bool ok = diff_rows == 0 && bad == 0 && compared > 0;
+    std::printf("[%s] batch invariance, %s: Hq=%d Hkv=%d D=%d max_chunks %d: %d steps of 1 to 64 rows, %d rows compared with "
+                "their first result (output and chunk records), %d not bit-identical%s\n",
+                ok ? "PASS" : "FAIL", name, Hq, Hkv, D, max_chunks, steps, compared, diff_rows,
+                bad ? ", GUARD WRITTEN or padded rows not zero" : "");
     return ok;
 }
 
@@ -206,12 +415,23 @@ int main() {
         {"G=16 D=128", 16, 1, 128, 16, {100}, plain({100}), 0, 0, 3, 32},
         {"G=1 D=128", 2, 2, 128, 16, {77}, plain({77}), 1, 0, 2, 32},
         {"mixed prefill/decode step", 8, 2, 64, 16, {}, {}, 3, 2, 4, 32, {{10, 5}, {0, 1}, {40, 1}, {0, 9}}},
+        // grid z below max_chunks: CTAs loop over chunks z, z + Z, ...
+        {"Z=1 max_chunks 33 (one CTA streams all chunks)", 8, 2, 128, 16, {4096, 255, 65}, plain({4096, 255, 65}), 1, 1, 1, 64, {}, 33},
+        {"Z=5 max_chunks 33, 4B-like group", 16, 4, 128, 16, {1000, 3000}, plain({1000, 3000}), 0, 0, 5, 64, {}, 33},
+        {"Z=3 max_chunks 64 verify rows, D=64", 14, 2, 64, 16, {700}, {{0, 696}, {0, 697}, {0, 698}, {0, 699}, {0, 700}}, 1, 1, 3, 64, {}, 64},
+        {"Z=40 > max_chunks 7", 8, 2, 64, 16, {500, 33}, plain({500, 33}), 0, 0, 40, 32, {}, 7},
     };
     int fails = 0, n = 0;
     for (auto& c : cases) {
         fails += !run_case(c, 1234 + n);
         ++n;
     }
+    // Qwen3-4B's chunking and grids (8 kv heads: max_chunks 33) at G = 4, D = 128, and
+    // Qwen2.5-0.5B's (2 kv heads: max_chunks 64) at G = 7, D = 64, each on one kv head (the
+    // emulation's time goes by CTAs)
+    fails += !run_invariance("4B-like chunking, D=128 G=4", 4, 1, 128, 33, 8, {1, 33, 64, 65, 255, 1000, 2049, 4000, 4096}, 77);
+    fails += !run_invariance("0.5B-like chunking, D=64 G=7", 7, 1, 64, 64, 2, {1, 65, 300, 2049, 4096}, 78);
+    n += 2;
     std::printf("%d passed, %d failed\n", n - fails, fails);
     return fails ? 1 : 0;
 }
