@@ -130,3 +130,75 @@ inline void emu_launch(uint3_ grid, unsigned threads, const std::function<void()
                 g_cta = nullptr;
             }
 }
+
+// ==================================================================== tensor-core warp collectives
+// (attention_prefill.cu) ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 and
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 with the PTX ISA's fragment layouts; every
+// lane of the warp must call them together (as on the GPU). Each publishes its operands in a
+// per-warp slot of g_emu_tc (CTAs run one at a time), then computes its own results.
+//   ldmatrix: lanes 8i..8i+7 give the row addresses of matrix i (8 rows of 8 b16); register i of
+//     lane l holds matrix i's row l/4, elements 2(l%4), 2(l%4)+1 (.trans: column l/4, rows 2(l%4),
+//     2(l%4)+1), the lower element in the low half.
+//   mma: g = l/4, t = l%4. A (16x16): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..);
+//     B (16x8, k x n): b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g); C/D (16x8 fp32): d0,d1 (g, 2t..2t+1),
+//     d2,d3 (g+8, 2t..2t+1). Products of bf16 are exact; the sum runs in double and is rounded to
+//     fp32 once (the hardware's fp32 accumulation order differs: not bit-exact to the GPU).
+struct EmuTcSlot {
+    const unsigned char* addr;
+    uint32_t a[4], b[2];
+};
+inline EmuTcSlot g_emu_tc[32][32];  // [warp][lane], up to 1024 threads per CTA
+
+inline void kern_emu_ldmatrix_x4(uint32_t (&r)[4], const void* p, bool trans) {
+    const unsigned w = threadIdx.x / 32, l = threadIdx.x % 32;
+    g_emu_tc[w][l].addr = static_cast<const unsigned char*>(p);
+    g_cta->warps[w]->arrive_and_wait();
+    for (int i = 0; i < 4; ++i) {
+        uint16_t lo, hi;
+        if (!trans) {
+            const unsigned char* row = g_emu_tc[w][8 * i + l / 4].addr;
+            std::memcpy(&lo, row + 4 * (l % 4), 2);
+            std::memcpy(&hi, row + 4 * (l % 4) + 2, 2);
+        } else {
+            std::memcpy(&lo, g_emu_tc[w][8 * i + 2 * (l % 4)].addr + 2 * (l / 4), 2);
+            std::memcpy(&hi, g_emu_tc[w][8 * i + 2 * (l % 4) + 1].addr + 2 * (l / 4), 2);
+        }
+        r[i] = (uint32_t)lo | ((uint32_t)hi << 16);
+    }
+    g_cta->warps[w]->arrive_and_wait();
+}
+
+inline float kern_emu_bf16_half(uint32_t w, int hi) {
+    const uint32_t u = hi ? (w & 0xffff0000u) : (w << 16);
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+inline void kern_emu_mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    const unsigned w = threadIdx.x / 32, l = threadIdx.x % 32;
+    EmuTcSlot& me = g_emu_tc[w][l];
+    for (int i = 0; i < 4; ++i) me.a[i] = a[i];
+    me.b[0] = b0;
+    me.b[1] = b1;
+    g_cta->warps[w]->arrive_and_wait();
+    // A[row][k], B[k][n] read back from the owners' fragments
+    auto A = [&](int row, int k) {
+        const int g = row % 8, t = (k % 8) / 2, reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+        return kern_emu_bf16_half(g_emu_tc[w][4 * g + t].a[reg], k & 1);
+    };
+    auto B = [&](int k, int n) {
+        const int t = (k % 8) / 2, reg = k >= 8 ? 1 : 0;
+        return kern_emu_bf16_half(g_emu_tc[w][4 * n + t].b[reg], k & 1);
+    };
+    const int g = l / 4, t = l % 4;
+    float res[4];
+    for (int e = 0; e < 4; ++e) {
+        const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+        double acc = d[e];
+        for (int k = 0; k < 16; ++k) acc += (double)A(row, k) * (double)B(k, col);
+        res[e] = (float)acc;
+    }
+    g_cta->warps[w]->arrive_and_wait();
+    for (int e = 0; e < 4; ++e) d[e] = res[e];
+}

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Build and run the host emulation of attention_decode.cu (no GPU): g++ with C++20 and pthreads.
+# Build and run the host emulations of attention_decode.cu and attention_prefill.cu (no GPU): g++ with C++20 and pthreads.
 #   bash packs/qwen3/tests/host_emu/run.sh
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${TMPDIR:-/tmp}/kern-attention-decode-emu"
 g++ -std=c++20 -O2 -pthread -w -I "$HERE" -include "$HERE/emu.h" -x c++ "$HERE/attention_decode_emu.cpp" "$HERE/attention_emu.cpp" -o "$OUT"
 "$OUT"
+# attention_prefill.cu (tensor-core prefill attention; ldmatrix / mma.sync emulated in emu.h) vs fp64 and attention_dD
+OUT_PREFILL="${TMPDIR:-/tmp}/kern-attention-prefill-emu"
+g++ -std=c++20 -O2 -pthread -w -I "$HERE" -include "$HERE/emu.h" -x c++ "$HERE/attention_prefill_emu.cpp" "$HERE/attention_emu.cpp" -o "$OUT_PREFILL"
+"$OUT_PREFILL"
