@@ -8,7 +8,7 @@ layouts of the PTX ISA, and compares with x·Wᵀ+bias. It catches indexing slip
 role, swizzle mismatch, K permutation, tail masks); it cannot catch a misreading of the
 hardware semantics it models, which only gemm_verify.py on the GPU can.
 
-usage: python3 packs/qwen3/tests/gemm_emulate.py     (prints PASS/FAIL per case; ~1 min)
+usage: python3 packs/qwen3/tests/gemm_emulate.py     (prints PASS/FAIL per case; ~2 min)
 """
 import sys
 
@@ -45,50 +45,114 @@ def vec16(arr, row, k, ok):
 
 
 # ------------------------------------------------------------------------------ gemm_skinny.cu
-def skinny(x, W, bias, M, N, K, MT, U):
-    y = np.full((M, N), np.nan)
-    for blk in range(cdiv(N, 16)):
-        n0 = blk * 16
+def skinny_groups(kfirst, K, U, kstride):
+    """The K loop of skinny_gemm: full groups of U sub-steps, then the rest as 2 and/or 1."""
+    groups, kb = [], kfirst
+    while kb + (U - 1) * kstride < K:
+        groups.append((kb, U))
+        kb += U * kstride
+    if U > 2 and kb + kstride < K:
+        groups.append((kb, 2))
+        kb += 2 * kstride
+    if U > 1 and kb < K:
+        groups.append((kb, 1))
+    return groups
+
+
+def skinny(x, W, bias, M, N, K, MT, U, WARPS=8, C=1, f32=False):
+    """skinny_gemm<WARPS, C, MT, U>: grid ceil(N/16)·C CTAs of WARPS warps, clusters of C.
+    f32=True models the fp32 arithmetic in the kernel's order (each MMA: exact products of
+    the 16-k slice, added to the fp32 accumulator with one rounding; the warp and cluster sums
+    sequential fp32 from 0.0f), so that two entries can be compared bit for bit."""
+    dt = np.float32 if f32 else np.float64
+    y = np.full((M, N), np.nan, dtype=dt)
+    written = np.zeros((M, N), dtype=np.int64)
+    threads = WARPS * 32
+    kstride = WARPS * C * 64
+    tile = MT * 4 * 32
+    for cl in range(cdiv(N, 16)):       # cluster = CTAs cl·C .. cl·C + C-1 (blockIdx.x / C = cl)
+        n0 = cl * 16
         for m0 in range(0, M, 8 * MT):
-            red = np.zeros((8, MT * 4, 32))
-            for warp in range(8):
-                acc = np.zeros((MT, 32, 4))
-                kb = warp * 64
-                while kb < K:
-                    for u in range(U):
-                        wa = np.zeros((32, 2, 4, 2))
-                        wb = np.zeros((32, 2, 4, 2))
-                        xv = np.zeros((MT, 32, 2, 4, 2))
-                        for lane in range(32):
-                            g, q = lane >> 2, lane & 3
+            part = np.zeros((C, tile), dtype=dt)  # each CTA's red[0 .. tile) after its warp sum
+            for rank in range(C):
+                red = np.zeros((WARPS, tile), dtype=dt)
+                for warp in range(WARPS):
+                    acc = np.zeros((MT, 32, 4), dtype=dt)
+                    kfirst = (rank * WARPS + warp) * 64
+                    groups = skinny_groups(kfirst, K, U, kstride)
+                    for (kb, uu) in groups:
+                        # phase 1: W loads of uu sub-steps; phase 2: per (u, h) x loads + 2 MMAs per n-tile
+                        wa = np.zeros((uu, 32, 2, 4, 2))
+                        wb = np.zeros((uu, 32, 2, 4, 2))
+                        for u in range(uu):
+                            for lane in range(32):
+                                g, q = lane >> 2, lane & 3
+                                for h in range(2):
+                                    k = kb + u * kstride + h * 32
+                                    kv = k + q * 8 < K
+                                    wa[u, lane, h] = vec16(W, n0 + g, k + q * 8, kv and n0 + g < N)
+                                    wb[u, lane, h] = vec16(W, n0 + g + 8, k + q * 8, kv and n0 + g + 8 < N)
+                        for u in range(uu):
                             for h in range(2):
-                                k = kb + u * 512 + h * 32
-                                kv = k + q * 8 < K
-                                wa[lane, h] = vec16(W, n0 + g, k + q * 8, kv and n0 + g < N)
-                                wb[lane, h] = vec16(W, n0 + g + 8, k + q * 8, kv and n0 + g + 8 < N)
+                                xv = np.zeros((MT, 32, 4, 2))
+                                for lane in range(32):
+                                    g, q = lane >> 2, lane & 3
+                                    k = kb + u * kstride + h * 32 + q * 8
+                                    for t in range(MT):
+                                        tok = m0 + 8 * t + g
+                                        xv[t, lane] = vec16(x, tok, k, tok < M and k < K)
                                 for t in range(MT):
-                                    tok = m0 + 8 * t + g
-                                    xv[t, lane, h] = vec16(x, tok, k + q * 8, tok < M and k + q * 8 < K)
-                        for h in range(2):
-                            for t in range(MT):
-                                for j in range(2):
-                                    afr = [[wa[l, h, 2 * j], wb[l, h, 2 * j], wa[l, h, 2 * j + 1], wb[l, h, 2 * j + 1]]
-                                           for l in range(32)]
-                                    bfr = [[xv[t, l, h, 2 * j], xv[t, l, h, 2 * j + 1]] for l in range(32)]
-                                    mma16816(afr, bfr, acc[t])
-                    kb += 512 * U
-                for t in range(MT):
-                    for i in range(4):
-                        red[warp, t * 4 + i, :] = acc[t, :, i]
-            for idx in range(MT * 4 * 32):
-                ti, ln = idx >> 5, idx & 31
-                s = red[:, ti, ln].sum()
-                t, i = ti >> 2, ti & 3
-                row = n0 + (ln >> 2) + (8 if i & 2 else 0)
-                tok = m0 + 8 * t + 2 * (ln & 3) + (i & 1)
-                if row < N and tok < M:
-                    y[tok, row] = s + (bias[row] if bias is not None else 0.0)
+                                    for j in range(2):
+                                        afr = [[wa[u, l, h, 2 * j], wb[u, l, h, 2 * j], wa[u, l, h, 2 * j + 1],
+                                                wb[u, l, h, 2 * j + 1]] for l in range(32)]
+                                        bfr = [[xv[t, l, 2 * j], xv[t, l, 2 * j + 1]] for l in range(32)]
+                                        mma16816(afr, bfr, acc[t])
+                    for t in range(MT):
+                        for i in range(4):
+                            red[warp, (t * 4 + i) * 32:(t * 4 + i + 1) * 32] = acc[t, :, i]
+                # per-CTA sum over warps 0..WARPS-1, sequential from 0.0f (in place into red[0..tile))
+                for idx in range(tile):
+                    sacc = dt(0.0)
+                    for w in range(WARPS):
+                        sacc = dt(sacc + red[w, idx])
+                    part[rank, idx] = sacc
+            # outputs: C == 1 straight from the CTA's sum; C > 1: thread gt = rank·threads + tid of
+            # the cluster handles idx = gt, gt + C·threads, ... and adds the C partials in rank order
+            owners = np.zeros(tile, dtype=np.int64)
+            for rank in range(C):
+                for tid in range(threads):
+                    for idx in range(rank * threads + tid if C > 1 else tid, tile, C * threads):
+                        owners[idx] += 1
+                        if C == 1:
+                            sacc = part[0, idx]
+                        else:
+                            sacc = dt(0.0)
+                            for r in range(C):
+                                sacc = dt(sacc + part[r, idx])
+                        ti, ln = idx >> 5, idx & 31
+                        t, i = ti >> 2, ti & 3
+                        row = n0 + (ln >> 2) + (8 if i & 2 else 0)
+                        tok = m0 + 8 * t + 2 * (ln & 3) + (i & 1)
+                        if row < N and tok < M:
+                            y[tok, row] = dt(sacc + (dt(bias[row]) if bias is not None else dt(0.0)))
+                            written[tok, row] += 1
+            assert (owners == 1).all(), "an accumulator of the cluster is finalised twice or never"
+    assert (written == 1).all(), "an output is written twice or never"
     return y
+
+
+def check_skinny_groups():
+    """For every U, warp start and K: the K loop executes exactly the 64-chunks that start
+    below K, in increasing order (so the MMA sequence, hence the rounding, does not depend on U)."""
+    for kstride in (256, 512, 1024):
+        for K in range(8, 6 * kstride, 8):
+            for kfirst in range(0, kstride, 64):
+                want = list(range(kfirst, K, kstride))
+                for U in (1, 2, 4):
+                    got = [kb + u * kstride for kb, uu in skinny_groups(kfirst, K, U, kstride) for u in range(uu)]
+                    if got != want:
+                        return False
+    return True
 
 
 # ------------------------------------------------------------------------------ shared memory
@@ -263,11 +327,62 @@ def main():
         print(f"{'PASS' if ok else 'FAIL'} {name} M={x.shape[0]} N={W.shape[0]} K={x.shape[1]} "
               f"bias={bias is not None} maxerr={err:.2e} nan={int(np.isnan(y).sum())}", flush=True)
 
+    ok = check_skinny_groups()
+    fails += not ok
+    print(f"{'PASS' if ok else 'FAIL'} skinny K loop: the executed chunks do not depend on U", flush=True)
+    # (MT, U) of the entries: gemv / m16 / m32 / m64 (8-warp family and cluster family alike)
+    ENTRY_MT_U = ((1, 4), (2, 4), (4, 4), (8, 2))
+    # 8-warp family (gemv_bf16, gemm_bf16_m16/m32/m64)
     for (M, N, K) in [(1, 24, 136), (3, 40, 1000), (8, 16, 64), (13, 33, 520), (70, 17, 8)]:
         x, W = rng.standard_normal((M, K)), rng.standard_normal((N, K))
         b = rng.standard_normal(N)
-        for MT, U in ((1, 4), (2, 4), (8, 4)):
-            check(f"skinny MT={MT}", skinny(x, W, b if M % 2 else None, M, N, K, MT, U), x, W, b if M % 2 else None)
+        for MT, U in ((1, 4), (2, 4), (8, 2)):
+            check(f"skinny W8 C1 MT={MT}", skinny(x, W, b if M % 2 else None, M, N, K, MT, U), x, W, b if M % 2 else None)
+    # cluster family (gemv_bf16_cC, gemm_bf16_m16/m32/m64_cC): 4 warps, C CTAs per 16-row block
+    for (M, N, K, C, mts) in [(1, 24, 136, 2, (0, 1)), (3, 40, 1000, 4, (0, 3)), (8, 16, 64, 4, (0,)),
+                              (13, 33, 520, 2, (1, 2)), (70, 17, 8, 2, (3,)), (5, 17, 2056, 1, (0, 3)),
+                              (2, 9, 1600, 2, (0, 1)), (9, 31, 1480, 4, (1,)), (1, 40, 3000, 4, (0,))]:
+        x, W = rng.standard_normal((M, K)), rng.standard_normal((N, K))
+        b = rng.standard_normal(N) if M % 2 else None
+        for e in mts:
+            MT, U = ENTRY_MT_U[e]
+            check(f"skinny W4 C{C} MT={MT}", skinny(x, W, b, M, N, K, MT, U, WARPS=4, C=C), x, W, b)
+
+    # Bit identity across entries: the rows one entry computes must equal, bit for bit, the
+    # same rows computed by any other entry of the same family and C (fp32 in kernel order).
+    # Inputs are bf16-representable values; x rows are shared prefixes (speculative decoding
+    # verifies k+1 rows with the entry that fits; plain decoding computes row 0 with gemv).
+    def bf16r(a):
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        return (a.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+
+    for (N, K, fam) in [(17, 1480, (8, 1)), (24, 1000, (4, 1)), (33, 2056, (4, 2)), (20, 1600, (4, 4)), (9, 520, (4, 2))]:
+        WARPS, C = fam
+        xs = bf16r(rng.standard_normal((40, K)))
+        W = bf16r(rng.standard_normal((N, K)) * 0.05)
+        b = bf16r(rng.standard_normal(N) * 0.1)
+        runs = []
+        for (e, M) in [(0, 1), (0, 5), (1, 11), (2, 17), (3, 40)]:
+            MT, U = ENTRY_MT_U[e]
+            runs.append((f"MT={MT} M={M}", skinny(xs[:M], W, b, M, N, K, MT, U, WARPS=WARPS, C=C, f32=True)))
+        base_name, base = runs[0]
+        ok = True
+        for name, yv in runs[1:]:
+            rows = min(yv.shape[0], runs[-1][1].shape[0])
+            ref = runs[-1][1][:rows]
+            same = np.array_equal(yv[:rows].view(np.uint32), ref.view(np.uint32))
+            ok &= same
+            if not same:
+                print(f"   rows of {name} differ from MT=8 M=40 in {int((yv[:rows] != ref).sum())} elements")
+        ok &= np.array_equal(base.view(np.uint32), runs[-1][1][:1].view(np.uint32))
+        # sensitivity: a different split of K must give different bits somewhere (else this
+        # check could not see an order change)
+        other = skinny(xs[:8], W, b, 8, N, K, 1, 4, WARPS=4 if WARPS == 8 else 8, C=1 if C > 1 else 2, f32=True)
+        sensitive = not np.array_equal(other.view(np.uint32), runs[-1][1][:8].view(np.uint32))
+        ok &= sensitive
+        fails += not ok
+        print(f"{'PASS' if ok else 'FAIL'} skinny bit identity W{WARPS} C{C} N={N} K={K}: rows of "
+              f"gemv(M=1,5)/m16(M=11)/m32(M=17)/m64(M=40) identical; other split differs={sensitive}", flush=True)
     for (M, N, K) in [(130, 136, 72), (5, 200, 1000), (257, 129, 136)]:
         x, W = rng.standard_normal((M, K)), rng.standard_normal((N, K))
         b = rng.standard_normal(N)

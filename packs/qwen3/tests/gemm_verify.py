@@ -17,9 +17,15 @@ before and after, which must survive (no out-of-bounds writes). Checks: no NaN, 
 Frobenius error ≤ 4e-3 (bf16 out) / 1e-4 (fp32 out), and an element-wise bound. torch's own
 bf16 result (cuBLAS) is measured against the same reference for comparison.
 
+Bit identity (skinny kernels): per family (8-warp; cluster C = 1, 2, 4) and output type, the rows
+that gemv / m16 / m32 / m64 compute for different M must be bit-identical (speculative decoding
+verifies with whichever entry fits and must reproduce plain decoding), and repeat runs too.
+
 Speed: CUDA events around back-to-back launches queued behind a GPU sleep (so Python launch
 overhead does not leave gaps), median of 50 repetitions, rotating across ≥4 weight copies
-(≥ 256 MB in all) so the 60 MB L2 cannot serve repeated weight reads.
+(≥ 256 MB in all) so the 60 MB L2 cannot serve repeated weight reads. The last table is decode
+GB/s for the Qwen3 0.6B/4B/8B projection shapes and LM heads: the 8-warp entry, each split C,
+and the C the split rule would pick (skinny_split; the manifest uses the 8-warp family, GEMM.md), vs the 4.24 TB/s copy rate and vs torch.
 """
 import argparse
 import json
@@ -29,7 +35,7 @@ import sys
 import time
 import traceback
 
-COPY_BW = 4.26e12     # H200 device-to-device copy, bytes/s (read + write), measured
+COPY_BW = 4.24e12     # H200 device-to-device copy, bytes/s (read + write), measured
 BF16_PEAK = 790e12    # H200 dense bf16 GEMM measured with cuBLAS, FLOP/s
 
 
@@ -56,14 +62,46 @@ ENTRIES = {
     "gemm_bf16_m64":               ("gemm_skinny", lambda M, N: (cdiv(N, 16), 1, 1), 256, 0, False, 64),
     "gemm_bf16_m64_f32out":        ("gemm_skinny", lambda M, N: (cdiv(N, 16), 1, 1), 256, 0, True, 64),
 }
+# Cluster family of gemm_skinny.cu: 4 warps per CTA, C CTAs (one cluster) per 16-row block.
+SKINNY_BASE = [("gemv_bf16", 8), ("gemm_bf16_m16", 16), ("gemm_bf16_m32", 32), ("gemm_bf16_m64", 64)]
+SPLITS = (1, 2, 4)
+for _c in SPLITS:
+    for _base, _rows in SKINNY_BASE:
+        for _f32 in (False, True):
+            ENTRIES[f"{_base}_c{_c}" + ("_f32out" if _f32 else "")] = (
+                "gemm_skinny", lambda M, N, c=_c: (cdiv(N, 16) * c, 1, 1), 128, 0, _f32, _rows)
+
+
+def skinny_split(N, K):
+    """C (CTAs per 16-row block) the cluster family would use for a shape (the manifest uses the
+    8-warp family: packs/qwen3/GEMM.md, "The cluster family"). Double C while the grid is under 384 CTAs (~3 per SM of
+    132), the doubled grid still fits one wave of 4 CTAs per SM (528), and every CTA keeps
+    >= 256 k (one 64-chunk per warp)."""
+    blocks, c = cdiv(N, 16), 1
+    while c < 4 and blocks * c < 384 and blocks * 2 * c <= 528 and K >= 2 * c * 256:
+        c *= 2
+    return c
+
+
+def skinny_entry(base, N, K, f32=False):
+    return f"{base}_c{skinny_split(N, K)}" + ("_f32out" if f32 else "")
+
+
 STEMS = ["gemm_skinny", "gemm_bf16", "gemm_wgmma"]
 
 M_LIST = [1, 2, 3, 7, 8, 16, 33, 64, 100, 257, 2048]
 N_LIST = [8, 72, 1000, 6144]
 K_LIST = [8, 64, 1000, 2560]
 
-# Decode (bandwidth) shapes (N, K): Qwen3-4B qkv, gate+up, down, LM head; + 0.6B-ish / 8B down.
-DECODE_SHAPES = [(6144, 2560), (19456, 2560), (2560, 9728), (151936, 2560), (4096, 12288)]
+# Decode (bandwidth) shapes (N, K) of the Qwen models: projections, then the LM heads (f32 out).
+DECODE_SHAPES = [
+    ("0.6B qkv", 4096, 1024), ("0.6B o", 1024, 2048), ("0.6B gate_up", 6144, 1024), ("0.6B down", 1024, 3072),
+    ("4B qkv", 6144, 2560), ("4B o", 2560, 4096), ("4B gate_up", 19456, 2560), ("4B down", 2560, 9728),
+    ("8B qkv", 6144, 4096), ("8B o", 4096, 4096), ("8B gate_up", 24576, 4096), ("8B down", 4096, 12288),
+    ("0.6B lm_head", 151936, 1024), ("4B lm_head", 151936, 2560), ("8B lm_head", 151936, 4096),
+]
+# Bit identity across the skinny entries of one family: (N, K) cases.
+IDENT_SHAPES = [(1000, 1000), (72, 2560), (1024, 2048), (2560, 9728), (4096, 1024)]
 PREFILL_SHAPES = [(6144, 2560), (19456, 2560), (2560, 9728), (2560, 4096)]
 
 
@@ -185,6 +223,51 @@ class Worker:
                                 if "illegal" in repr(e).lower() or "launch failure" in repr(e).lower():
                                     raise
 
+    # -- bit identity across the skinny entries of one family (speculative decoding's contract)
+    def identity(self):
+        """Each family (8-warp, or cluster C = 1/2/4) must give the same bits for a row whichever
+        entry (gemv / m16 / m32 / m64) and whichever M computes it, and the same bits run to run."""
+        torch = self.torch
+        if self.stem != "gemm_skinny":
+            return
+        g = torch.Generator(device=self.dev)
+        g.manual_seed(4321)
+        shapes = IDENT_SHAPES if not self.quick else IDENT_SHAPES[:2]
+        runs = [("gemv_bf16", 1), ("gemv_bf16", 1), ("gemv_bf16", 3), ("gemv_bf16", 8), ("gemm_bf16_m16", 13),
+                ("gemm_bf16_m16", 16), ("gemm_bf16_m32", 20), ("gemm_bf16_m32", 32), ("gemm_bf16_m64", 40),
+                ("gemm_bf16_m64", 64)]
+        for fam in [""] + [f"_c{c}" for c in SPLITS]:
+            for f32 in (False, True):
+                sfx = fam + ("_f32out" if f32 else "")
+                if any(base + sfx not in self.fns for base, _ in runs):
+                    continue
+                for ci, (N, K) in enumerate(shapes):
+                    x = torch.randn(64, K, generator=g, device=self.dev).to(torch.bfloat16)
+                    W = (torch.randn(N, K, generator=g, device=self.dev) * 0.02).to(torch.bfloat16)
+                    b = (torch.randn(N, generator=g, device=self.dev) * 0.1).to(torch.bfloat16) if ci % 2 else None
+                    dt, it = (torch.float32, torch.int32) if f32 else (torch.bfloat16, torch.int16)
+                    outs = []
+                    try:
+                        for base, M in runs:
+                            y = torch.full((M, N), float("nan"), dtype=dt, device=self.dev)
+                            self.launch(base + sfx, x[:M].contiguous(), W, b, y, M, N, K)
+                            outs.append((f"{base}{sfx} M={M}", y))
+                        torch.cuda.synchronize()
+                        ref = outs[-1][1].view(it)
+                        bad = []
+                        for name, y in outs[:-1]:
+                            diff = int((y.view(it) != ref[:y.shape[0]]).sum().item())
+                            if diff:
+                                bad.append(f"{name}: {diff} elements differ")
+                        nan = int(torch.isnan(ref.view(dt).float()).sum().item())
+                        if nan:
+                            bad.append(f"{nan} NaN in the reference")
+                        emit("ident", family=sfx or "8warp", N=N, K=K, ok=not bad, detail=bad[:4])
+                    except Exception as e:  # noqa: BLE001
+                        emit("ident", family=sfx or "8warp", N=N, K=K, ok=False, detail=[repr(e)])
+                        if "illegal" in repr(e).lower():
+                            raise
+
     # -- timing
     def timed(self, launches, reps=50):
         """Median per-launch time (s) of `launches` (callables) run back to back."""
@@ -217,7 +300,7 @@ class Worker:
         copies = min(16, max(4, cdiv(256 << 20, per)))
         return [(torch.randn(N, K, generator=g, device=self.dev) * 0.02).to(torch.bfloat16) for _ in range(copies)]
 
-    def bench_one(self, names, M, N, K, g, ceiling_kind):
+    def bench_one(self, names, M, N, K, g, ceiling_kind, label=None):
         torch = self.torch
         names = [n for n in names if n in self.fns]
         if not names:
@@ -235,7 +318,7 @@ class Worker:
             try:
                 t = self.timed([lambda W=W, name=name: self.launch(name, x, W, None, ys[f32], M, N, K) for W in Ws])
                 emit("bench", entry=name, M=M, N=N, K=K, t=t, t_torch=t_torch, wbytes=wbytes, flops=flops,
-                     ceiling=ceiling_kind)
+                     ceiling=ceiling_kind, label=label)
             except Exception as e:  # noqa: BLE001
                 emit("bench", entry=name, M=M, N=N, K=K, t=None, t_torch=t_torch, error=repr(e), ceiling=ceiling_kind)
                 if "illegal" in repr(e).lower():
@@ -247,24 +330,29 @@ class Worker:
         torch = self.torch
         g = torch.Generator(device=self.dev)
         g.manual_seed(99)
-        dec = DECODE_SHAPES if not self.quick else DECODE_SHAPES[:2]
+        dec = DECODE_SHAPES
         pre = PREFILL_SHAPES if not self.quick else PREFILL_SHAPES[:1]
         if self.stem == "gemm_skinny":
-            for (N, K) in dec:
+            if self.quick:
+                dec = [d for d in DECODE_SHAPES if d[0] in ("0.6B o", "4B down", "4B lm_head")]
+            for (label, N, K) in dec:
+                f32 = N == 151936
+                sfx = "_f32out" if f32 else ""
                 for M in (1, 8):
-                    names = ["gemv_bf16", "gemv_bf16_pf"] + (["gemv_bf16_f32out"] if N == 151936 else [])
-                    self.bench_one(names, M, N, K, g, "bw")
-                for M, n in ((16, "gemm_bf16_m16"), (32, "gemm_bf16_m32"), (64, "gemm_bf16_m64")):
-                    self.bench_one([n], M, N, K, g, "bw")
+                    names = [f"gemv_bf16{sfx}"] + [f"gemv_bf16_c{c}{sfx}" for c in SPLITS] + \
+                            ([] if f32 else ["gemv_bf16_pf"])
+                    self.bench_one(names, M, N, K, g, "bw", label=label)
+                for M, base in ((16, "gemm_bf16_m16"), (32, "gemm_bf16_m32"), (64, "gemm_bf16_m64")):
+                    self.bench_one([base + sfx, skinny_entry(base, N, K, f32)], M, N, K, g, "bw", label=label)
         elif self.stem == "gemm_bf16":
-            for (N, K) in dec[:3]:
+            for (N, K) in PREFILL_SHAPES[:3]:
                 for M in (16, 64):
                     self.bench_one(["gemm_bf16"], M, N, K, g, "bw")
             for (N, K) in pre:
                 for M in (512, 2048):
                     self.bench_one(["gemm_bf16"], M, N, K, g, "flops")
         elif self.stem == "gemm_wgmma":
-            for (N, K) in dec[:3]:
+            for (N, K) in PREFILL_SHAPES[:3]:
                 self.bench_one(["gemm_bf16_wgmma_n128"], 64, N, K, g, "bw")
             for (N, K) in pre:
                 for M in (512, 2048) if not self.quick else (2048,):
@@ -279,6 +367,7 @@ def worker_main(args):
     w = Worker(args.dir, args.stem, args.quick, not args.no_bench)
     try:
         w.correctness()
+        w.identity()
     except Exception:  # noqa: BLE001
         traceback.print_exc()
         emit("crash", stem=args.stem, phase="correctness")
@@ -360,9 +449,19 @@ def report(results):
               f"M={worst['M']} N={worst['N']} K={worst['K']} bias={worst['bias']}"
               + ("" if worst["ok"] else "  FAIL " + json.dumps({k: worst.get(k) for k in
                                                                ("rel", "nan", "guard_ok", "el_bad", "error")})))
+    idents = [r for r in results if r["kind"] == "ident"]
+    if idents:
+        print("\n-- bit identity of a row across gemv / m16 / m32 / m64 (and run to run), per family")
+        for r in idents:
+            bad |= not r["ok"]
+            print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['family']:14s} N={r['N']:6d} K={r['K']:6d} "
+                  + ("" if r["ok"] else "; ".join(r["detail"])))
+    elif any(r["kind"] == "check" and r["entry"].startswith("gemv") for r in results):
+        bad = True
+        print("!! no bit-identity results")
     benches = [r for r in results if r["kind"] == "bench"]
     if benches:
-        print("\n-- speed (median of 50, weights rotated across >=256 MB; bw = weight bytes / time vs 4.26 TB/s;"
+        print("\n-- speed (median of 50, weights rotated across >=256 MB; bw = weight bytes / time vs 4.24 TB/s;"
               " flops vs 790 TFLOP/s)")
         print(f"{'entry':28s} {'M':>5s} {'N':>6s} {'K':>6s} {'us':>9s} {'metric':>12s} {'%ceil':>6s} "
               f"{'torch us':>9s} {'torch metric':>12s} {'vs torch':>8s}")
@@ -380,8 +479,47 @@ def report(results):
                 ms, mts, pc = f"{m / 1e12:6.0f} TFLOP/s", f"{mt / 1e12:6.0f} TFLOP/s", m / BF16_PEAK * 100
             print(f"{r['entry']:28s} {r['M']:5d} {r['N']:6d} {r['K']:6d} {t * 1e6:9.2f} {ms:>12s} {pc:5.0f}% "
                   f"{tt * 1e6:9.2f} {mts:>12s} {tt / t:7.2f}x")
+    decode_table(benches)
     print("\nRESULT:", "FAIL" if bad else "PASS")
     return 1 if bad else 0
+
+
+def decode_table(benches):
+    """GB/s of weight bytes per shape: the 8-warp entry, each split C, the one the manifest picks."""
+    rows = {}
+    for r in benches:
+        if r.get("label") is None or r.get("t") is None:
+            continue
+        key = (r["label"], r["N"], r["K"], r["M"])
+        rows.setdefault(key, {})[r["entry"]] = r
+    if not rows:
+        return
+    print(f"\n-- decode GB/s (weight bytes / time; copy ceiling {COPY_BW / 1e12:.2f} TB/s); chosen = the C the split rule "
+          f"skinny_split(N, K) would pick (the manifest uses the 8-warp family)")
+    print(f"{'shape':14s} {'N':>6s} {'K':>6s} {'M':>3s} {'8-warp':>7s} {'C=1':>7s} {'C=2':>7s} {'C=4':>7s} "
+          f"{'chosen':>9s} {'%copy':>6s} {'torch':>7s} {'vs torch':>8s}")
+    for (label, N, K, M), es in rows.items():
+        any_r = next(iter(es.values()))
+        f32 = N == 151936
+        sfx = "_f32out" if f32 else ""
+        base = {1: "gemv_bf16", 8: "gemv_bf16", 16: "gemm_bf16_m16", 32: "gemm_bf16_m32", 64: "gemm_bf16_m64"}.get(M)
+        if base is None:
+            continue
+
+        def gbs(name):
+            r = es.get(name)
+            return None if r is None else r["wbytes"] / r["t"] / 1e9
+
+        def cell(v):
+            return f"{v:7.0f}" if v is not None else f"{'-':>7s}"
+        c = skinny_split(N, K)
+        chosen = gbs(f"{base}_c{c}{sfx}")
+        torch_gbs = any_r["wbytes"] / any_r["t_torch"] / 1e9
+        print(f"{label:14s} {N:6d} {K:6d} {M:3d} {cell(gbs(base + sfx))} {cell(gbs(f'{base}_c1{sfx}'))} "
+              f"{cell(gbs(f'{base}_c2{sfx}'))} {cell(gbs(f'{base}_c4{sfx}'))} "
+              f"{('C=%d ' % c) + (f'{chosen:4.0f}' if chosen else '   -'):>9s} "
+              f"{(chosen or 0) / (COPY_BW / 1e9) * 100:5.0f}% {torch_gbs:7.0f} "
+              f"{(chosen or 0) / torch_gbs:7.2f}x")
 
 
 def main():
