@@ -32,7 +32,7 @@ PEER_MODES=${PEER_MODES:-graph}
 REPEAT=${REPEAT:-3}
 STEPS=${STEPS:-128}
 # Extra arguments for every `kern pack` and every `kern bench` (A/B of a lever, e.g.
-# PACK_ARGS="--decode-attention split" or BENCH_ARGS="--blocking-steps").
+# PACK_ARGS="--decode-attention plain" or BENCH_ARGS="--blocking-steps").
 read -r -a PACK_EXTRA <<<"${PACK_ARGS:-}"
 read -r -a BENCH_EXTRA <<<"${BENCH_ARGS:-}"
 TABLE="python3 scripts/gpu/bench_table.py"

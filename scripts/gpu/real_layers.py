@@ -116,7 +116,7 @@ def main(argv=None):
     ap.add_argument("--kernels", default="build/packs/qwen3")
     ap.add_argument("--prompts", default="3,6,0", help="indices into real_model.py's prompts (0-3 chats, 4-7 code)")
     ap.add_argument("--work", default="/tmp/kern-real-layers")
-    ap.add_argument("--pack-arg", action="append", default=[], help="extra `kern pack` argument (repeatable), e.g. --pack-arg=--decode-attention --pack-arg=split")
+    ap.add_argument("--pack-arg", action="append", default=[], help="extra `kern pack` argument (repeatable), e.g. --pack-arg=--decode-attention --pack-arg=plain")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args(argv)

@@ -58,12 +58,22 @@ pub struct Args {
     /// Draft tokens per verify step, 1 to 16 (the manifest's `speculative.k`; default 4).
     #[arg(long, value_name = "K", requires = "draft")]
     draft_k: Option<u64>,
-    /// Attention of decode and verify steps (every row one token): `plain` (the attention
-    /// kernel of every step) or `split` (split-KV kernels that spread each sequence's context
-    /// over many CTAs; packs/qwen3/KERNELS.md, attention_decode; Qwen3-4B batch-1 decode 4.95 → 3.39
-    /// ms on an H200, docs/performance.md).
-    #[arg(long, value_name = "KIND", default_value = "plain")]
+    /// Attention of decode and verify steps (every row one token): `split`, the default
+    /// (split-KV kernels that spread each sequence's context over many CTAs, with a chunking
+    /// fixed by the row so a row's bits do not depend on the step's size; packs/qwen3/KERNELS.md,
+    /// attention_decode; Qwen3-4B batch-1 decode 4.95 → 3.39 ms on an H200,
+    /// docs/performance.md) or `plain` (the attention kernel of every step).
+    #[arg(long, value_name = "KIND", default_value = "split")]
     decode_attention: kern_pack_qwen3::DecodeAttention,
+    /// Attention of steps with more new tokens than sequences (prefill chunks, mixed steps):
+    /// `tc`, the default (attention_prefill_dD: FlashAttention-2 style on bf16 tensor cores, P
+    /// rounded to bf16 before P·V as FlashAttention does; packs/qwen3/KERNELS.md,
+    /// attention_prefill; 7.4× the SIMT kernel on a Qwen3-4B 8,192-token prompt on an H200) or
+    /// `simt` (attention_dD, the SIMT fp32 kernel of every step). Decode and verify steps keep
+    /// the --decode-attention choice. Needs head_dim 64 or 128 and at most 16 query heads per
+    /// kv head.
+    #[arg(long, value_name = "KIND", default_value = "tc")]
+    prefill_attention: kern_pack_qwen3::PrefillAttention,
     /// Programmatic Dependent Launch for every kernel: each may start while the kernel before
     /// it finishes (the GEMMs prefetch their weights meanwhile; the others use their `.pdl`
     /// builds, which wait first). docs/manifest.md `pdl`; docs/performance.md has its numbers.
@@ -97,6 +107,7 @@ fn options(args: &Args) -> kern_pack_qwen3::PackOptions {
         tp: args.tp,
         draft: args.draft.map(|kind| kern_pack_qwen3::Draft { kind, k: args.draft_k.unwrap_or(kern_pack_qwen3::manifest::DEFAULT_DRAFT_K) }),
         decode_attention: args.decode_attention,
+        prefill_attention: args.prefill_attention,
         pdl: args.pdl,
         residual: args.residual,
     }
@@ -274,7 +285,8 @@ mod tests {
     }
 
     fn kernels() -> PathBuf {
-        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/packs/qwen3");
+        // `$KERN_PACK_KERNELS`, else the repo's build (as packs/qwen3/gen's tests).
+        let p = std::env::var_os("KERN_PACK_KERNELS").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/packs/qwen3"));
         assert!(p.join("rowwise.sm_90a.cubin").exists(), "pack kernels missing in {}: run packs/qwen3/build.sh", p.display());
         p
     }
@@ -329,7 +341,7 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 
-    /// `--decode-attention split` reaches the pack options (default `plain`), and `kern pack`
+    /// `--decode-attention` reaches the pack options (default `split`), and `kern pack`
     /// writes a manifest with the split-KV kernels that passes the check (run() loads it as
     /// `kern check` does).
     /// `--residual` reaches the pack options (default f32); a wrong value names the choices.
@@ -347,8 +359,9 @@ mod tests {
     fn kern_pack_decode_attention_split() {
         use kern_pack_qwen3::DecodeAttention;
         let da = |rest: &[&str]| parse(&[&["--config", "config.json", "-o", "out"][..], rest].concat()).map(|a| options(&a).decode_attention);
-        assert_eq!(da(&[]).unwrap(), DecodeAttention::Plain);
+        assert_eq!(da(&[]).unwrap(), DecodeAttention::Split);
         assert_eq!(da(&["--decode-attention", "split"]).unwrap(), DecodeAttention::Split);
+        assert_eq!(da(&["--decode-attention", "plain"]).unwrap(), DecodeAttention::Plain);
         let e = da(&["--decode-attention", "flash"]).unwrap_err();
         assert!(e.contains("unknown decode attention `flash`") && e.contains("split"), "{e}");
 
@@ -364,7 +377,7 @@ mod tests {
         run(parse(&args).unwrap()).unwrap();
         let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("model.json")).unwrap()).unwrap();
         let entries: Vec<&str> = m["ops"]["attention"]["impl"]["launches"].as_array().unwrap().iter().map(|l| l["entry"].as_str().unwrap()).collect();
-        assert_eq!(entries, ["attention_d128", "attention_decode_d128", "attention_combine_d128"]);
+        assert_eq!(entries, ["attention_prefill_d128", "attention_decode_d128", "attention_combine_d128"], "tc prefill (the default), split decode");
         assert!(out.join("attention_decode.sm_90a.cubin").exists());
         std::fs::remove_dir_all(&dir).ok();
     }

@@ -34,7 +34,7 @@ import tempfile
 import time
 import traceback
 
-GROUPS = ["rowwise", "kv_write", "qk_norm_rope", "attention", "attention_decode", "argmax", "sample", "timing"]
+GROUPS = ["rowwise", "kv_write", "qk_norm_rope", "attention", "attention_decode", "attention_prefill", "argmax", "sample", "timing"]
 
 MODULE_OF = {
     "embedding": "rowwise", "rms_norm": "rowwise", "add_rms_norm": "rowwise", "swiglu": "rowwise",
@@ -43,6 +43,9 @@ MODULE_OF = {
     "attention_decode_d128": "attention_decode", "attention_decode_d64": "attention_decode",
     "attention_combine_d128": "attention_decode", "attention_combine_d64": "attention_decode",
 }
+
+# attention_prefill.cu (tensor-core prefill attention, `kern pack --prefill-attention tc`)
+MODULE_OF.update({"attention_prefill_d128": "attention_prefill", "attention_prefill_d64": "attention_prefill"})
 
 EPS = 1e-6
 THETA = 1e6
@@ -721,32 +724,39 @@ def g_attention(K, R, quick):
 
 
 # ============================================================================ group: attention_decode
-# Split-KV decode attention (attention_decode.cu): attention_decode_dD (grid [tokens, Hkv, S]) then
-# attention_combine_dD (grid [tokens, Hq], block [D]). The split count S and the minimum chunk are
-# the manifest's (packs/qwen3/gen: decode attention "split"); the same numbers here.
+# Split-KV decode attention (attention_decode.cu): attention_decode_dD (grid [tokens, Hkv, Z]) then
+# attention_combine_dD (grid [tokens, Hq], block [D]). A row's chunking is fixed by the row and two
+# constants (min_chunk, max_chunks: batch invariance); the grid's z size Z only spreads the chunks
+# over CTAs (CTA z takes chunks z, z + Z, ...). Z, max_chunks and the minimum chunk are the
+# manifest's (packs/qwen3/gen: decode_splits, decode_max_chunks); the same numbers here.
 DEC_TARGET_CTAS = 264   # about 2 CTAs per SM on the H200's 132 SMs
 DEC_MAX_SPLITS = 64     # the generator's cap (the kernel accepts up to 128)
-DEC_MIN_CHUNK = 64      # keys per split at least (rounded up to 32 by the kernel)
+DEC_MIN_CHUNK = 64      # keys per chunk at least (rounded up to 32 by the kernel)
 DEC_CTX = [1, 15, 16, 17, 255, 1000, 4096]
 
 
 def dec_splits(seqs, Hkv, target=DEC_TARGET_CTAS, cap=DEC_MAX_SPLITS):
-    """The manifest's split count for a decode step: min(cap, ceil(target / (seqs * Hkv)))."""
+    """The manifest's grid z for a decode step: min(cap, ceil(target / (seqs * Hkv)))."""
     return max(1, min(cap, cdiv(target, seqs * Hkv)))
 
 
-def dec_chunking(kmax, S, min_chunk):
-    """(chunk, n_active) of a token with kmax visible keys: attention_decode.cu's rule."""
+def dec_max_chunks(Hkv):
+    """The manifest's max_chunks (a constant of the model): batch 1's grid z."""
+    return dec_splits(1, Hkv)
+
+
+def dec_chunking(kmax, max_chunks, min_chunk):
+    """(chunk, n_chunks) of a token with kmax visible keys: attention_decode.cu's rule."""
     if kmax <= 0:
         return 32, 0
     mc = max(32, cdiv(min_chunk, 32) * 32)
-    chunk = max(mc, cdiv(cdiv(kmax, S), 32) * 32)
+    chunk = max(mc, cdiv(cdiv(kmax, max_chunks), 32) * 32)
     return chunk, cdiv(kmax, chunk)
 
 
-def dec_partial_floats(T, S, Hq, D):
-    """Floats of the scratch: the header (T rounded up to 4) and S * T * Hq records of D + 4."""
-    return cdiv(T, 4) * 4 + S * T * Hq * (D + 4)
+def dec_partial_floats(T, max_chunks, Hq, D):
+    """Floats of the scratch: the header (T rounded up to 4) and max_chunks * T * Hq records of D + 4."""
+    return cdiv(T, 4) * 4 + max_chunks * T * Hq * (D + 4)
 
 
 def dec_token_kmax(qs, seq_lens, num_seqs, T):
@@ -806,46 +816,46 @@ def build_decode_case(groups, rows, Hq, Hkv, D, pt, layers, layer, pad_tokens, p
                 spec=[(ctx - 1, 1) for _, ctx in rows])
 
 
-def dec_launch(K, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk, guard=64):
-    """attention_decode_dD + attention_combine_dD on case c. Returns (out [Tb + 1, Hq*D] with a
-    NaN guard row, partial with `guard` NaN floats past its size)."""
+def dec_launch(K, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk, max_chunks, guard=64):
+    """attention_decode_dD (grid z = S) + attention_combine_dD on case c. Returns (out [Tb + 1, Hq*D]
+    with a NaN guard row, partial with `guard` NaN floats past its size)."""
     T = c["Tb"]
-    partial = nanfull((dec_partial_floats(T, S, Hq, D) + guard,), torch.float32)
+    partial = nanfull((dec_partial_floats(T, max_chunks, Hq, D) + guard,), torch.float32)
     out = nanfull((T + 1, Hq * D))
     K.launch(f"attention_decode_d{D}", (T, Hkv, S), (128,),
              [P(partial), P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]),
               I32(T), I32(c["max_pages"]), I32((Hq + 2 * Hkv) * D), I32(Hq), I32(Hkv), I32(layer), I32(layers),
-              I32(pt), F32(D ** -0.5), I32(min_chunk)])
+              I32(pt), F32(D ** -0.5), I32(min_chunk), I32(max_chunks)])
     K.launch(f"attention_combine_d{D}", (T, Hq), (D,), [P(out), P(partial), I32(T), I32(Hq)])
     return out, partial
 
 
-def dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk, exact_single=True):
-    """Runs the split path on case c and checks: the fp64 reference (the attention tolerance),
-    zeros on padded rows, the guard row, the scratch's header (active splits per token) and guard,
-    and against attention_dD on the same inputs: rows with one active split bit-identical."""
+def dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk, max_chunks, exact_single=True):
+    """Runs the split path on case c (grid z = S) and checks: the fp64 reference (the attention
+    tolerance), zeros on padded rows, the guard row, the scratch's header (chunks per token) and
+    guard, and against attention_dD on the same inputs: rows of one chunk bit-identical."""
     kname = f"attention_decode_d{D}"
     G = Hq // Hkv
     scale = D ** -0.5
     T, n = c["Tb"], c["n_tok"]
-    out, partial = dec_launch(K, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk)
+    out, partial = dec_launch(K, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk, max_chunks)
     kmax = dec_token_kmax(c["qs"].cpu(), c["seq_lens"].cpu(), c["Sb"], T)
-    act = [dec_chunking(k, S, min_chunk)[1] for k in kmax]
+    act = [dec_chunking(k, max_chunks, min_chunk)[1] for k in kmax]
     ref, tbf = attention_refs(c, Hq, Hkv, D, scale)
     nsplit = sorted(set(act[:n]))
     close(R, kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf,
-          note=f"S={S} min_chunk={min_chunk} active splits {nsplit[0]}..{nsplit[-1]}")
+          note=f"Z={S} max_chunks={max_chunks} min_chunk={min_chunk} chunks {nsplit[0]}..{nsplit[-1]}")
     pad = out[n:T]
     if pad.numel():
         okp = bool((pad.double() == 0).all())
         R.add(kernel=kname + "(padded rows)", shape=shape, status="PASS" if okp else "FAIL",
               note="padded token rows are zero" if okp else "padded token rows not zeroed")
     guard_nan(R, kname, shape, out[T:], "row past num_tokens")
-    guard_nan(R, kname, shape, partial[dec_partial_floats(T, S, Hq, D):], "scratch past its size")
+    guard_nan(R, kname, shape, partial[dec_partial_floats(T, max_chunks, Hq, D):], "scratch past its size")
     hdr = [float(x) for x in partial[:T].cpu().tolist()]
     okh = hdr == [float(a) for a in act]
     R.add(kernel=kname + "(header)", shape=shape, status="PASS" if okh else "FAIL",
-          note="active splits per token as expected" if okh else f"header {hdr[:8]}... expected {act[:8]}...")
+          note="chunks per token as expected" if okh else f"header {hdr[:8]}... expected {act[:8]}...")
     # the same inputs through attention_dD
     att = nanfull((T, Hq * D))
     K.launch(f"attention_d{D}", (cdiv(T, 32 // G) + c["Sb"], Hkv), (128,),
@@ -909,10 +919,16 @@ def g_attention_decode(K, R, quick):
                       dec_splits(8, 8), DEC_MIN_CHUNK, 1.0))
         # split counts and chunk sizes
         g, r = plain([1, 33, 4096])
-        cases.append(("S=1 (no split: bit-identical to attention_d128)", 32, 8, 128, 16, g, r, 0, 0, 1, DEC_MIN_CHUNK, 1.0))
-        cases.append(("S=128 min_chunk 32 (1-key..32-key chunks)", 32, 8, 128, 16, g, r, 0, 0, 128, 32, 1.0))
-        cases.append(("S=7 min_chunk 256, page 64", 16, 8, 128, 64, g, r, 2, 0, 7, 256, 1.0))
-        cases.append(("S=64 min_chunk 1 (rounded to 32), D=64", 8, 2, 64, 16, g, r, 0, 0, 64, 1, 1.0))
+        cases.append(("max_chunks 1 (no split: bit-identical to attention_d128)", 32, 8, 128, 16, g, r, 0, 0, 1,
+                      DEC_MIN_CHUNK, 1.0, 1))
+        cases.append(("max_chunks 128 min_chunk 32 (1-key..32-key chunks)", 32, 8, 128, 16, g, r, 0, 0, 128, 32, 1.0, 128))
+        cases.append(("max_chunks 7 min_chunk 256, page 64", 16, 8, 128, 64, g, r, 2, 0, 7, 256, 1.0, 7))
+        cases.append(("max_chunks 64 min_chunk 1 (rounded to 32), D=64", 8, 2, 64, 16, g, r, 0, 0, 64, 1, 1.0, 64))
+        # grid z below (CTAs loop over chunks z, z + Z, ...) and above max_chunks (idle CTAs)
+        cases.append(("Z=1 < max_chunks 33: one CTA streams all chunks", 32, 8, 128, 16, g, r, 1, 1, 1,
+                      DEC_MIN_CHUNK, 1.0))
+        cases.append(("Z=5 < max_chunks 64, D=64", 8, 2, 64, 16, g, r, 0, 0, 5, DEC_MIN_CHUNK, 1.0))
+        cases.append(("Z=100 > max_chunks 33", 32, 8, 128, 16, g, r, 0, 0, 100, DEC_MIN_CHUNK, 1.0))
         # sharp softmax: large scores, so the splits' maxima differ widely
         g, r = plain([4096, 1000])
         cases.append(("sharp softmax (q x 8), 4B heads", 32, 8, 128, 16, g, r, 0, 0, dec_splits(2, 8), DEC_MIN_CHUNK, 8.0))
@@ -924,14 +940,16 @@ def g_attention_decode(K, R, quick):
         cases.append(("G=1 D=128", 8, 8, 128, 64, g, r, 0, 0, dec_splits(3, 8), DEC_MIN_CHUNK, 1.0))
         cases.append(("G=8 D=128 (Qwen3-32B heads)", 64, 8, 128, 16, g, r, 0, 0, dec_splits(3, 8), DEC_MIN_CHUNK, 1.0))
 
-    for ci, (name, Hq, Hkv, D, pt, groups, rows, pad_t, pad_s, S, mc, qscale) in enumerate(cases):
-        shape = (f"{name}: Hq={Hq} Hkv={Hkv} D={D} page {pt} rows={len(rows)}+{pad_t} S={S}")
+    for ci, (name, Hq, Hkv, D, pt, groups, rows, pad_t, pad_s, S, mc, qscale, *rest) in enumerate(cases):
+        # S: the grid's z; max_chunks: the manifest's (the model's) unless the case names one
+        MC = rest[0] if rest else dec_max_chunks(Hkv)
+        shape = (f"{name}: Hq={Hq} Hkv={Hkv} D={D} page {pt} rows={len(rows)}+{pad_t} Z={S} max_chunks={MC}")
 
         def run(Hq=Hq, Hkv=Hkv, D=D, pt=pt, groups=groups, rows=rows, pad_t=pad_t, pad_s=pad_s, S=S, mc=mc,
-                qscale=qscale, ci=ci, shape=shape):
+                qscale=qscale, ci=ci, shape=shape, MC=MC):
             c = build_decode_case(groups, rows, Hq, Hkv, D, pt, layers, layer, pad_t, pad_s, seed=200 + ci,
                                   qscale=qscale)
-            dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, mc)
+            dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, mc, MC)
         R.case(f"attention_decode_d{D}", shape, run)
 
     # any step is correct on the split path (the manifest uses it for one-token rows only): prefill
@@ -945,8 +963,78 @@ def g_attention_decode(K, R, quick):
 
         def run_mixed(Hq=Hq, Hkv=Hkv, D=D, pt=pt, S=S, ci=ci, shape=shape):
             c = build_attention_case(mixed, Hq, Hkv, D, pt, layers, layer, 3, 2, seed=300 + ci)
-            dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, DEC_MIN_CHUNK)
+            dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, DEC_MIN_CHUNK, dec_max_chunks(Hkv))
         R.case(f"attention_decode_d{D}", shape, run_mixed)
+
+    # batch invariance: the same rows in steps of different sizes and grid z must be bit-identical
+    inv = [("4B heads G=4 D=128", 32, 8, 128), ("Qwen2.5-0.5B heads G=7 D=64", 14, 2, 64)]
+    for ci, (hname, Hq, Hkv, D) in enumerate(inv[:1] if quick else inv):
+        shape = f"batch invariance, {hname}: steps of 1/3/8/64 rows, verify rows, Z 1..max_chunks"
+
+        def run_inv(Hq=Hq, Hkv=Hkv, D=D, ci=ci, shape=shape):
+            dec_invariance(K, R, shape, Hq, Hkv, D, layers, layer, seed=500 + ci, quick=quick)
+        R.case(f"attention_decode_d{D}", shape, run_inv)
+
+
+def dec_invariance(K, R, shape, Hq, Hkv, D, layers, layer, seed, quick=False):
+    """Speculative decoding's promise on the split path: a row (its sequence's KV, its position, its
+    query) gets the same bits in a decode step of 1, 3, 8 or 64 rows, at any grid z, and as one of
+    the k + 1 rows of a verify step. One case holds every row (a 4096-token sequence read at many
+    positions, verify rows among them, short filler rows of a second sequence); each step takes a
+    subset of its rows (their q, block-table row and seq_lens) in some order, with padding. Besides
+    the bf16 output, each row's scratch records ({o, m, l} per chunk and head, and the chunk count)
+    must be bit-identical: they catch a step-dependent chunking even where the output rounds alike."""
+    pt, MC = 16, dec_max_chunks(Hkv)
+    ctxs = [1, 2, 31, 32, 33, 63, 64, 65, 100, 129, 255, 256, 1000, 2048, 2049, 2111, 4000] + list(range(4090, 4097))
+    rows = [(0, x) for x in ctxs]
+    rows += [(1, 1 + (7 * i) % 96) for i in range(64 - len(rows))]
+    c = build_decode_case([4096, 96], rows, Hq, Hkv, D, pt, layers, layer, 0, 0, seed)
+    N = len(rows)
+
+    def step(idx, Z, pad_t=0, pad_s=0):
+        n = len(idx)
+        it = torch.tensor(idx, dtype=torch.long, device=c["qkv"].device)
+        qkv = torch.cat([c["qkv"][it], nanfull((pad_t, c["qkv"].shape[1]))]) if pad_t else c["qkv"][it].clone()
+        bt = torch.cat([c["bt"][it], torch.full((pad_s, c["max_pages"]), -1, dtype=torch.int32, device=c["bt"].device)])
+        sl = torch.cat([c["seq_lens"][it], torch.zeros(pad_s, dtype=torch.int32, device=c["bt"].device)])
+        qs = torch.tensor(list(range(n + 1)) + [n] * pad_s, dtype=torch.int32, device=c["bt"].device)
+        sub = dict(Sb=n + pad_s, Tb=n + pad_t, max_pages=c["max_pages"], pool=c["pool"], qkv=qkv, bt=bt, seq_lens=sl, qs=qs)
+        T = n + pad_t
+        out, partial = dec_launch(K, sub, Hq, Hkv, D, pt, layers, layer, Z, DEC_MIN_CHUNK, MC)
+        h4 = cdiv(T, 4) * 4
+        recs = partial[h4:h4 + MC * T * Hq * (D + 4)].view(MC, T, Hq, D + 4)
+        cnt = [int(x) for x in partial[:n].tolist()]
+        return out[:n], [(cnt[j], recs[:max(0, min(MC, cnt[j])), j, :, :D + 2]) for j in range(n)]
+
+    ref, ref_recs = step(list(range(N)), dec_splits(N, Hkv))  # all 64 rows, the manifest's z for 64
+    # the reference itself is right (fp64 SDPA), so the bit comparisons below compare right answers
+    want, tbf = attention_refs(c, Hq, Hkv, D, D ** -0.5)
+    close(R, f"attention_decode_d{D}", shape + " (64-row reference)", ref.view(N, Hq, D), want, tbf=tbf)
+    steps = [(list(range(N)), 1)]                                          # 64 rows, z = 1
+    steps += [([i], dec_splits(1, Hkv)) for i in range(0 if not quick else 10, len(ctxs))]  # steps of 1
+    steps += [([i], 1) for i in (0, 16, 23)]
+    steps += [(list(range(i, min(N, i + 3))), dec_splits(4, Hkv), 1, 1) for i in range(0, N, 3)]  # 3 + padding
+    for Z in sorted({dec_splits(8, Hkv), 2, 7, MC}):                      # 8 rows, reversed, several z
+        steps.append((list(range(16, 8, -1)) if Z % 2 else list(range(24, 16, -1)), Z))
+    # verify steps: k + 1 consecutive positions of one sequence (k = 4: 4092..4096; k = 3:
+    # 4093..4096 beside filler rows and a decode row), and the positions 63..65 / 32..33
+    steps += [([19, 20, 21, 22, 23], dec_splits(5, Hkv)), ([20, 21, 22, 23, 30, 31, 40, 12], dec_splits(8, Hkv), 2, 1),
+              ([5, 6, 7], dec_splits(3, Hkv)), ([3, 4], dec_splits(2, Hkv))]
+    bad, worst = 0, ""
+    for st in steps:
+        idx, Z = st[0], st[1]
+        pad = st[2:] if len(st) > 2 else (0, 0)
+        got, recs = step(idx, Z, *pad)
+        for j, i in enumerate(idx):
+            same_recs = recs[j][0] == ref_recs[i][0] and bits_equal(recs[j][1], ref_recs[i][1])
+            if not bits_equal(got[j], ref[i]) or not same_recs:
+                bad += 1
+                worst = worst or f"row {i} (ctx {rows[i][1]}) in a step of {len(idx)} rows, z {Z}"
+    ok = bad == 0 or K.mock
+    R.add(kernel=f"attention_decode_d{D}(batch invariance)", shape=shape, status="PASS" if ok else "FAIL",
+          note=f"{len(steps)} steps, {sum(len(s[0]) for s in steps)} rows (output and chunk records) bit-identical to "
+               f"the 64-row step's" if bad == 0
+          else f"{bad} rows differ from the 64-row step's, first: {worst}")
 
 
 # ============================================================================ group: argmax
@@ -1203,18 +1291,18 @@ def g_timing(K, R, quick):
         c = build_decode_case(list(ctxs), [(i, x) for i, x in enumerate(ctxs)], Hq, Hkv, D, pt, layers, layer,
                               0, 0, seed=6)
         T = c["Tb"]
-        S = dec_splits(T, Hkv)
-        partial = nanfull((dec_partial_floats(T, S, Hq, D),), torch.float32)
+        S, MC = dec_splits(T, Hkv), dec_max_chunks(Hkv)
+        partial = nanfull((dec_partial_floats(T, MC, Hq, D),), torch.float32)
         out = nanfull((T, Hq * D))
         common = [P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]), I32(T),
                   I32(c["max_pages"]), I32((Hq + 2 * Hkv) * D), I32(Hq), I32(Hkv), I32(layer), I32(layers), I32(pt),
                   F32(D ** -0.5)]
-        us_d = K.timed(f"attention_decode_d{D}", (T, Hkv, S), (128,), [P(partial)] + common + [I32(DEC_MIN_CHUNK)])
+        us_d = K.timed(f"attention_decode_d{D}", (T, Hkv, S), (128,), [P(partial)] + common + [I32(DEC_MIN_CHUNK), I32(MC)])
         us_c = K.timed(f"attention_combine_d{D}", (T, Hq), (D,), [P(out), P(partial), I32(T), I32(Hq)])
         us_a = K.timed(f"attention_d{D}", (cdiv(T, 32 // (Hq // Hkv)) + c["Sb"], Hkv), (128,), [P(out)] + common)
         kv_bytes = sum(ctxs) * Hkv * D * 2 * 2
         R.add(kernel=f"attention_decode_d{D}", shape=name, status="INFO",
-              note=f"split {us_d:.1f} + combine {us_c:.1f} us (S={S}) vs attention_d{D} {us_a:.1f} us; "
+              note=f"split {us_d:.1f} + combine {us_c:.1f} us (Z={S}, max_chunks {MC}) vs attention_d{D} {us_a:.1f} us; "
                    f"KV {kv_bytes / 1e6:.2f} MB = {kv_bytes / 4.26e6:.1f} us at 4.26 TB/s")
 
     R.case("timing", "attention_decode", lambda: dec("decode b=1 ctx=4096 (4B heads)", 32, 8, [4096]))
@@ -1266,6 +1354,89 @@ def g_timing(K, R, quick):
 GROUP_FNS = {"rowwise": g_rowwise, "kv_write": g_kv_write, "qk_norm_rope": g_qk_norm_rope,
              "attention": g_attention, "attention_decode": g_attention_decode, "argmax": g_argmax,
              "sample": g_sample, "timing": g_timing}
+
+
+# ============================================================================ group: attention_prefill
+# Tensor-core prefill attention (attention_prefill.cu): attention_dD's parameters and semantics,
+# grid [ceil(tokens / (64 // G)) + seqs, Hkv], block 128 (the manifest's, --prefill-attention tc).
+# The manifest launches it for steps with tokens > seqs only, but it is correct for any step, so
+# the attention group's cases (decode rows, padding, G = 1..16, both head dims) run here too.
+# Same reference and tolerance as attention_dD (P is rounded to bf16 before P.V, as torch's bf16
+# SDPA does). Also: the difference to attention_dD on the same inputs, and the 8,192-token
+# single-sequence prefill timing (TFLOP/s with causal FLOPs 4 * D * Hq * sum_i (i + 1)).
+def prefill_tc_args(c, out, Hq, Hkv, D, pt, layers, layer):
+    return [P(out), P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]),
+            I32(c["Tb"]), I32(c["max_pages"]), I32((Hq + 2 * Hkv) * D), I32(Hq), I32(Hkv), I32(layer),
+            I32(layers), I32(pt), F32(D ** -0.5)]
+
+
+def g_attention_prefill(K, R, quick):
+    layers, layer = 2, 1
+    mixed = [(100, 37), (499, 1), (0, 300), (0, 1), (63, 1), (15, 17), (1000, 64), (31, 33)]
+    cases = [
+        # name, Hq, Hkv, D, page_tokens, spec, pad_tokens, pad_seqs, grid.x (0: the manifest's)
+        ("qwen3-0.6B heads, page 16", 16, 8, 128, 16, mixed, 5, 2, 0),
+        ("qwen3-4B heads, page 16", 32, 8, 128, 16, mixed, 3, 1, 0),
+        ("qwen3-4B heads, page 64", 32, 8, 128, 64, mixed, 0, 0, 0),
+        ("qwen2.5-0.5B heads (G=7, D=64), page 16", 14, 2, 64, 16, mixed, 4, 2, 0),
+        ("G=1 D=128, page 16", 8, 8, 128, 16, [(0, 7), (200, 1), (64, 64), (0, 129)], 0, 0, 0),
+        ("G=2 D=64, page 16", 4, 2, 64, 16, [(0, 100), (37, 27)], 1, 1, 0),
+        ("G=16 D=64, page 16", 16, 1, 64, 16, [(5, 3), (300, 1), (0, 40)], 1, 0, 0),
+        ("G=16 D=128, page 16", 16, 1, 128, 16, [(0, 70), (9, 9)], 0, 0, 0),
+        ("prefill 2048 from empty (4B heads)", 32, 8, 128, 16, [(0, 2048)], 0, 0, 0),
+        ("long prefill chunk over cache, page 64", 32, 8, 128, 64, [(1500, 700), (0, 513)], 0, 0, 0),
+        ("grid.x = 1 (grid-stride loop)", 8, 2, 128, 16, [(40, 20), (0, 9), (7, 1)], 2, 1, 1),
+        ("grid.x = 3, G=7", 14, 2, 64, 16, [(0, 90), (12, 4)], 0, 0, 3),
+    ]
+    if quick:
+        cases = [("quick mixed", 4, 2, 64, 16, [(5, 3), (9, 1), (0, 70)], 2, 1, 0),
+                 ("quick G=1", 2, 2, 128, 16, [(0, 5), (10, 1)], 0, 0, 0)]
+    for ci, (name, Hq, Hkv, D, pt, spec, pad_t, pad_s, gx) in enumerate(cases):
+        shape = f"{name}: Hq={Hq} Hkv={Hkv} D={D} seqs={len(spec)}+{pad_s} tokens={sum(n for _, n in spec)}+{pad_t}"
+        kname = f"attention_prefill_d{D}"
+
+        def run(Hq=Hq, Hkv=Hkv, D=D, pt=pt, spec=spec, pad_t=pad_t, pad_s=pad_s, gx=gx, ci=ci, shape=shape, kname=kname):
+            c = build_attention_case(spec, Hq, Hkv, D, pt, layers, layer, pad_t, pad_s, seed=531 + ci)
+            G = Hq // Hkv
+            out = nanfull((c["Tb"] + 1, Hq * D))  # + 1 guard row
+            grid = (gx or cdiv(c["Tb"], 64 // G) + c["Sb"], Hkv)
+            K.launch(kname, grid, (128,), prefill_tc_args(c, out, Hq, Hkv, D, pt, layers, layer))
+            simt = nanfull((c["Tb"], Hq * D))
+            K.launch(f"attention_d{D}", (cdiv(c["Tb"], 32 // G) + c["Sb"], Hkv), (128,),
+                     prefill_tc_args(c, simt, Hq, Hkv, D, pt, layers, layer))
+            ref, tbf = attention_refs(c, Hq, Hkv, D, D ** -0.5)
+            n = c["n_tok"]
+            diff = float((out[:n].double() - simt[:n].double()).abs().max()) if n else 0.0
+            close(R, kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf,
+                  note=f"max |tc - attention_d{D}| = {diff:.3e}")
+            pad = out[n:c["Tb"]]
+            if pad.numel():
+                okp = bool((pad.double() == 0).all())
+                R.add(kernel=kname + "(padded rows)", shape=shape, status="PASS" if okp else "FAIL",
+                      note="padded token rows are zero" if okp else "padded token rows not zeroed")
+            guard_nan(R, kname, shape, out[c["Tb"]:], "row past num_tokens")
+        R.case(kname, shape, run)
+
+    if K.mock or quick:
+        return
+
+    def timing(name, Hq, Hkv, D, n):
+        c = build_attention_case([(0, n)], Hq, Hkv, D, 16, layers, layer, 0, 0, seed=7)
+        G = Hq // Hkv
+        out = nanfull((c["Tb"], Hq * D))
+        args = prefill_tc_args(c, out, Hq, Hkv, D, 16, layers, layer)
+        flops = 4.0 * D * Hq * (n * (n + 1) / 2)
+        us_tc = K.timed(f"attention_prefill_d{D}", (cdiv(n, 64 // G) + 1, Hkv), (128,), args, iters=10)
+        us_simt = K.timed(f"attention_d{D}", (cdiv(n, 32 // G) + 1, Hkv), (128,), args, iters=3)
+        R.add(kernel=f"attention_prefill_d{D}", shape=name, status="INFO",
+              note=f"tc {us_tc / 1000:.3f} ms ({flops / us_tc / 1e6:.1f} TFLOP/s) vs attention_d{D} "
+                   f"{us_simt / 1000:.3f} ms ({flops / us_simt / 1e6:.1f} TFLOP/s): {us_simt / us_tc:.1f}x")
+    R.case("attention_prefill_d128", "timing", lambda: timing("prefill 8192 from empty (Qwen3-4B heads 32/8, D=128)", 32, 8, 128, 8192))
+    R.case("attention_prefill_d128", "timing", lambda: timing("prefill 8192 from empty (Qwen3-0.6B heads 16/8, D=128)", 16, 8, 128, 8192))
+    R.case("attention_prefill_d64", "timing", lambda: timing("prefill 8192 from empty (Qwen2.5-0.5B heads 14/2, D=64)", 14, 2, 64, 8192))
+
+
+GROUP_FNS["attention_prefill"] = g_attention_prefill
 
 
 # ============================================================================ mock kernels (CPU self-test)
@@ -1390,11 +1561,10 @@ def _m_attention(grid, block, out, q, pool, bt, seq_lens, qs, S, T, max_pages, q
 
 
 def _m_attention_decode(grid, block, partial, q, pool, bt, seq_lens, qs, S, T, max_pages, q_stride, Hq, Hkv,
-                        layer, L, pt, scale, min_chunk, D):
-    """attention_decode.cu's algorithm: per token, split and head, the record (o unnormalized, m in
-    the log2 domain, l) and the header of active splits."""
+                        layer, L, pt, scale, min_chunk, max_chunks, D):
+    """attention_decode.cu's algorithm: per token, chunk and head, the record (o unnormalized, m in
+    the log2 domain, l) and the header of chunks (the grid's z changes nothing)."""
     G = Hq // Hkv
-    nsplit = grid[2]
     hdr = cdiv(T, 4) * 4
     kmax = dec_token_kmax(qs, seq_lens, S, T)
     pf = _flat(partial)
@@ -1404,7 +1574,7 @@ def _m_attention_decode(grid, block, partial, q, pool, bt, seq_lens, qs, S, T, m
         for t in range(qsl[s], qsl[s + 1]):
             row_of[t] = s
     for t in range(T):
-        chunk, act = dec_chunking(kmax[t], nsplit, min_chunk)
+        chunk, act = dec_chunking(kmax[t], max_chunks, min_chunk)
         pf[t] = float(act)
         if act == 0:
             continue
@@ -1490,6 +1660,11 @@ MOCKS = {
     "attention_combine_d128": lambda *a: _m_attention_combine(*a, D=128),
     "attention_combine_d64": lambda *a: _m_attention_combine(*a, D=64),
 }
+
+
+# attention_prefill_dD: attention_dD's semantics (the grid changes nothing)
+MOCKS.update({"attention_prefill_d128": lambda *a: _m_attention(*a, D=128),
+              "attention_prefill_d64": lambda *a: _m_attention(*a, D=64)})
 
 
 # ============================================================================ child main

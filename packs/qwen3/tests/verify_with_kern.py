@@ -35,7 +35,7 @@ one launch.
 can see that each single-op manifest agrees with the cubins (parameter layouts, launch bounds,
 shared memory, hashes). --list prints the cases. --keep DIR keeps every case directory (manifest,
 inputs, outputs) under DIR. --only takes group names (rowwise, kv_write, qk_norm_rope, attention,
-attention_decode, argmax, sample, gemm) or substrings of kernel names.
+attention_decode, attention_prefill, argmax, sample, gemm) or substrings of kernel names.
 
 Each case runs in its own kern process; a failing case (kern error: its stderr is printed) never
 stops the others. The final table: kernel, case, max_abs_err, torch_bf16_err, tol, PASS/FAIL.
@@ -105,7 +105,7 @@ SIG = {
     "attention_decode": _sig("partial:out_buffer<f32> q:in_buffer<bf16> kv_base:in_buffer<bf16> "
                              "block_tables:in_buffer<i32> seq_lens:in_buffer<i32> query_start:in_buffer<i32> "
                              "num_seqs:i32 num_tokens:i32 max_pages:i32 q_stride:i32 num_heads:i32 kv_heads:i32 "
-                             "layer:i32 num_layers:i32 page_tokens:i32 scale:f32 min_chunk:i32"),
+                             "layer:i32 num_layers:i32 page_tokens:i32 scale:f32 min_chunk:i32 max_chunks:i32"),
     "attention_combine": _sig("out:out_buffer<bf16> partial:in_buffer<f32> num_tokens:i32 num_heads:i32"),
     "argmax": _sig("out:out_buffer<i32> logits:in_buffer<f32> seqs:i32 vocab:i32"),
     "sample": _sig("out:out_buffer<i32> logits:in_buffer<f32> temperature:in_buffer<f32> top_k:in_buffer<i32> "
@@ -521,6 +521,8 @@ def attention_cases():
 # ============================================================================ cases: attention_decode
 # The split-KV decode path as the generated manifest runs it: one op of two launches of the module
 # attention_decode (attention_decode_dD, then attention_combine_dD reading the first's scratch).
+# The grid's z is the manifest's expression of `seqs` (occupancy only); the chunking is fixed by the
+# row and the model's max_chunks (batch 1's z), so the results do not depend on z.
 DEC_TARGET_CTAS, DEC_MAX_SPLITS, DEC_MIN_CHUNK = 264, 64, 64  # the generator's (and verify_kernels.py's)
 
 
@@ -552,7 +554,8 @@ def attention_decode_cases():
     cases = []
     ctx7 = [1, 15, 16, 17, 255, 1000, 4096]
     specs = [
-        # name, Hq, Hkv, D, page_tokens, groups (contexts), rows (group, ctx), pad_tokens, pad_seqs, splits
+        # name, Hq, Hkv, D, page_tokens, groups (contexts), rows (group, ctx), pad_tokens, pad_seqs,
+        # grid z (None: the manifest's expression)
         ("4B heads b=1 ctx 4096", 32, 8, 128, 16, [4096], [(0, 4096)], 0, 0, None),
         ("0.6B heads b=3 ctx 1/17/1000 +pad", 16, 8, 128, 16, [1, 17, 1000], [(0, 1), (1, 17), (2, 1000)], 1, 1,
          None),
@@ -561,7 +564,9 @@ def attention_decode_cases():
         ("Qwen2.5-0.5B heads G=7 D=64 b=1 ctx 255", 14, 2, 64, 16, [255], [(0, 255)], 0, 0, None),
         ("verify rows k=4 + decode, page 64, 4B heads", 32, 8, 128, 64, [1005, 300],
          [(0, 1001 + j) for j in range(5)] + [(1, 300)], 2, 2, None),
-        ("S=128 (the kernel's most), G=2 D=128, ctx 4096/15", 16, 8, 128, 16, [4096, 15], [(0, 4096), (1, 15)], 0, 0, 128),
+        ("Z=128 > max_chunks, G=2 D=128, ctx 4096/15", 16, 8, 128, 16, [4096, 15], [(0, 4096), (1, 15)], 0, 0, 128),
+        ("Z=1 (CTAs loop over chunks), 4B heads, ctx 4096/1000/15", 32, 8, 128, 16, [4096, 1000, 15],
+         [(0, 4096), (1, 1000), (2, 15)], 0, 0, 1),
     ]
     for ci, (name, Hq, Hkv, D, pt, groups, rows, pad_t, pad_s, splits) in enumerate(specs):
         layers, layer = 2, 1
@@ -571,9 +576,10 @@ def attention_decode_cases():
         Sb, Tb = len(rows) + pad_s, len(rows) + pad_t
         S_expr = f"min({DEC_MAX_SPLITS}, cdiv({DEC_TARGET_CTAS}, seqs * {Hkv}))" if splits is None else splits
         S = max(1, min(DEC_MAX_SPLITS, cdiv(DEC_TARGET_CTAS, Sb * Hkv))) if splits is None else splits
-        nP = cdiv(Tb, 4) * 4 + S * Tb * Hq * (D + 4)
+        MC = max(1, min(DEC_MAX_SPLITS, cdiv(DEC_TARGET_CTAS, Hkv)))  # the manifest's decode_max_chunks
+        nP = cdiv(Tb, 4) * 4 + MC * Tb * Hq * (D + 4)
         kname = f"attention_decode_d{D}"
-        shape = f"{name}: Hq={Hq} Hkv={Hkv} rows={len(rows)}+{pad_t} S={S}"
+        shape = f"{name}: Hq={Hq} Hkv={Hkv} rows={len(rows)}+{pad_t} Z={S} max_chunks={MC}"
         P = total_pages * pt * layers * 2 * Hkv * D
         op = TwoLaunchOp(f"single-op {kname} {name}", "attention_decode", kname, SIG["attention_decode"],
                          {"tokens": Tb, "seqs": Sb, "pages": max_pages}, grid=["tokens", Hkv, S_expr],
@@ -587,10 +593,10 @@ def attention_decode_cases():
                 seq_lens=B("seq_lens"), query_start=B("query_start"), num_seqs=VAR("seqs"), num_tokens=VAR("tokens"),
                 max_pages=VAR("pages"), q_stride=I32((Hq + 2 * Hkv) * D), num_heads=I32(Hq), kv_heads=I32(Hkv),
                 layer=I32(layer), num_layers=I32(layers), page_tokens=I32(pt), scale=F32(D ** -0.5),
-                min_chunk=I32(DEC_MIN_CHUNK), out=B("out"))
+                min_chunk=I32(DEC_MIN_CHUNK), max_chunks=I32(MC), out=B("out"))
 
         def run(X, Hq=Hq, Hkv=Hkv, D=D, pt=pt, groups=groups, rows=rows, pad_t=pad_t, pad_s=pad_s, ci=ci,
-                shape=shape, kname=kname, op=op, layers=layers, layer=layer, sizes=(Sb, Tb, max_pages), S=S, nP=nP):
+                shape=shape, kname=kname, op=op, layers=layers, layer=layer, sizes=(Sb, Tb, max_pages), MC=MC, nP=nP):
             vk = X.vk
             c = vk.build_decode_case(groups, rows, Hq, Hkv, D, pt, layers, layer, pad_t, pad_s, seed=400 + ci)
             assert (c["Sb"], c["Tb"], c["max_pages"]) == sizes, ((c["Sb"], c["Tb"], c["max_pages"]), sizes)
@@ -608,10 +614,10 @@ def attention_decode_cases():
             X.guard_nan(kname, shape, out[T:], "row past num_tokens")
             X.guard_nan(kname, shape, partial[nP:], "scratch past its size")
             kmax = vk.dec_token_kmax(c["qs"].cpu(), c["seq_lens"].cpu(), c["Sb"], T)
-            act = [float(vk.dec_chunking(k, S, DEC_MIN_CHUNK)[1]) for k in kmax]
+            act = [float(vk.dec_chunking(k, MC, DEC_MIN_CHUNK)[1]) for k in kmax]
             hdr = [float(x) for x in partial[:T].cpu().tolist()]
             X.R.add(kernel=kname + "(header)", shape=shape, status="PASS" if hdr == act else "FAIL",
-                    note=f"active splits per token {sorted(set(act))}" if hdr == act else f"header {hdr[:8]} != {act[:8]}")
+                    note=f"chunks per token {sorted(set(act))}" if hdr == act else f"header {hdr[:8]} != {act[:8]}")
         cases.append(Case("attention_decode", kname, shape, op, run))
     return cases
 
@@ -879,11 +885,67 @@ def gemm_cases():
     return cases
 
 
-GROUPS = ["rowwise", "kv_write", "qk_norm_rope", "attention", "attention_decode", "argmax", "sample", "gemm"]
+# ============================================================================ cases: attention_prefill
+# The tensor-core prefill attention (attention_prefill.cu, `kern pack --prefill-attention tc`):
+# attention_dD's signature and semantics, grid ceil(tokens / (64 // G)) + seqs.
+def attention_prefill_cases():
+    cases = []
+    mixed = [(100, 37), (499, 1), (0, 300), (0, 1), (63, 1), (15, 17), (1000, 64), (31, 33)]
+    specs = [
+        # name, Hq, Hkv, D, page_tokens, spec, pad_tokens, pad_seqs
+        ("4B heads, page 16, mixed+pad", 32, 8, 128, 16, mixed, 3, 1),
+        ("Qwen2.5-0.5B heads G=7, page 16, mixed+pad", 14, 2, 64, 16, mixed, 4, 2),
+        ("G=1 D=128, page 64", 8, 8, 128, 64, [(0, 7), (200, 1), (64, 129)], 0, 0),
+    ]
+    layers, layer = 2, 1
+    for ci, (name, Hq, Hkv, D, pt, spec, pad_t, pad_s) in enumerate(specs):
+        S = len(spec)
+        pages_per = [cdiv(c + n, pt) for c, n in spec]
+        max_pages = max(pages_per) + 1
+        Sb, n_tok = S + pad_s, sum(n for _, n in spec)
+        Tb = n_tok + pad_t
+        BQ = 64 // (Hq // Hkv)
+        kname = f"attention_prefill_d{D}"
+        shape = f"{name}: Hq={Hq} Hkv={Hkv} seqs={S}+{pad_s} tok={n_tok}+{pad_t} pages={max_pages}"
+        P = (sum(pages_per) + 3) * pt * layers * 2 * Hkv * D
+        op = SingleOp(f"single-op {kname} {name}", "attention_prefill", kname, SIG["attention"],
+                      {"tokens": Tb, "seqs": Sb, "pages": max_pages},
+                      grid=[f"ceil(tokens/{BQ}) + seqs", Hkv, 1], block=[128, 1, 1])
+        op.buf("qkv", "bf16", ["tokens", (Hq + 2 * Hkv) * D], "input").buf("kv_pool", "bf16", [P], "input")
+        op.buf("block_tables", "i32", ["seqs", "pages"], "input").buf("seq_lens", "i32", ["seqs"], "input")
+        op.buf("query_start", "i32", ["seqs + 1"], "input").buf("out", "bf16", ["tokens + 1", Hq * D], "output")
+        op.bind(out=B("out"), q=B("qkv"), kv_base=B("kv_pool"), block_tables=B("block_tables"),
+                seq_lens=B("seq_lens"), query_start=B("query_start"), num_seqs=VAR("seqs"), num_tokens=VAR("tokens"),
+                max_pages=VAR("pages"), q_stride=I32((Hq + 2 * Hkv) * D), num_heads=I32(Hq), kv_heads=I32(Hkv),
+                layer=I32(layer), num_layers=I32(layers), page_tokens=I32(pt), scale=F32(D ** -0.5))
+
+        def run(X, Hq=Hq, Hkv=Hkv, D=D, pt=pt, spec=spec, pad_t=pad_t, pad_s=pad_s, ci=ci, shape=shape,
+                kname=kname, op=op, sizes=(Sb, Tb, max_pages)):
+            vk = X.vk
+            c = vk.build_attention_case(spec, Hq, Hkv, D, pt, layers, layer, pad_t, pad_s, seed=631 + ci)
+            assert (c["Sb"], c["Tb"], c["max_pages"]) == sizes, ((c["Sb"], c["Tb"], c["max_pages"]), sizes)
+            out = X.kern(op, {"qkv": c["qkv"], "kv_pool": c["pool"], "block_tables": c["bt"],
+                              "seq_lens": c["seq_lens"], "query_start": c["qs"]}, ["out"])["out"]
+            ref, tbf = vk.attention_refs(c, Hq, Hkv, D, D ** -0.5)
+            n = c["n_tok"]
+            X.close(kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf, note="tensor cores, P in bf16, vs SDPA")
+            pad = out[n:c["Tb"]]
+            if pad.numel():
+                okp = bool((pad.double() == 0).all())
+                X.R.add(kernel=kname + "(padded rows)", shape=shape, status="PASS" if okp else "FAIL",
+                        note="padded token rows are zero" if okp else "padded token rows not zeroed")
+            X.guard_nan(kname, shape, out[c["Tb"]:], "row past num_tokens")
+        cases.append(Case("attention_prefill", kname, shape, op, run))
+    return cases
+
+
+GROUPS = ["rowwise", "kv_write", "qk_norm_rope", "attention", "attention_decode", "attention_prefill", "argmax", "sample",
+          "gemm"]
 
 
 def all_cases():
     return (rowwise_cases() + kv_write_cases() + qk_norm_rope_cases() + attention_cases() + attention_decode_cases()
+            + attention_prefill_cases()
             + argmax_cases() + sample_cases() + gemm_cases())
 
 

@@ -35,9 +35,14 @@ pub struct PackOptions {
     /// manifest without them, unchanged.
     pub draft: Option<Draft>,
     /// How steps whose rows are all one token (decode and speculative verify steps) run
-    /// attention (issue 15): [`DecodeAttention::Plain`] (the default) keeps `attention_dD`
-    /// for every step; [`DecodeAttention::Split`] adds the split-KV kernels for them.
+    /// attention (issue 15): [`DecodeAttention::Split`] (the default) runs the split-KV kernels
+    /// for them (batch-invariant: a row's bits do not depend on the step's size);
+    /// [`DecodeAttention::Plain`] keeps `attention_dD` for every step.
     pub decode_attention: DecodeAttention,
+    /// How steps with more tokens than sequences (prefill chunks, mixed steps) run attention
+    /// (`--prefill-attention`): [`PrefillAttention::Tc`] (the default) runs the tensor-core
+    /// `attention_prefill_dD` for them; [`PrefillAttention::Simt`] keeps `attention_dD`.
+    pub prefill_attention: PrefillAttention,
     /// Programmatic Dependent Launch for every launch (issue 15): each kernel waits with
     /// `griddepcontrol.wait` before touching activations — the GEMMs after their weight
     /// prefetch, the others first thing (their `.pdl` builds, packs/qwen3/build.sh) — so each
@@ -60,7 +65,8 @@ impl Default for PackOptions {
             page_tokens: 16,
             tp: None,
             draft: None,
-            decode_attention: DecodeAttention::Plain,
+            decode_attention: DecodeAttention::Split,
+            prefill_attention: PrefillAttention::Tc,
             pdl: false,
             residual: Residual::F32,
         }
@@ -105,23 +111,84 @@ impl std::fmt::Display for Residual {
     }
 }
 
+/// Prefill attention (`--prefill-attention`): which kernel attends for steps with
+/// `tokens > seqs` (some row has more than one new token: prefill chunks, mixed steps).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefillAttention {
+    /// `simt`: `attention_dD` (attention.cu, SIMT fp32) for every step.
+    Simt,
+    /// `tc` (the default): steps with `tokens > seqs` run `attention_prefill_dD` of the module
+    /// `attention_prefill` (FlashAttention-2 style on mma.sync bf16 tensor cores, the same
+    /// parameters and semantics; packs/qwen3/KERNELS.md); steps with `tokens <= seqs` keep the
+    /// `--decode-attention` choice. Needs head_dim 64 or 128 and `Hq / Hkv <= 16`.
+    #[default]
+    Tc,
+}
+
+/// The values `--prefill-attention` takes, for error messages and help.
+pub const PREFILL_ATTENTION_KINDS: &str = "tc (the default: tensor-core attention_prefill_dD for steps with tokens > seqs), simt (attention_dD for every step)";
+
+impl std::str::FromStr for PrefillAttention {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "simt" => Ok(PrefillAttention::Simt),
+            "tc" => Ok(PrefillAttention::Tc),
+            _ => Err(format!("unknown prefill attention `{s}`: supported: {PREFILL_ATTENTION_KINDS}")),
+        }
+    }
+}
+
+impl std::fmt::Display for PrefillAttention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PrefillAttention::Simt => "simt",
+            PrefillAttention::Tc => "tc",
+        })
+    }
+}
+
+/// The module of the tensor-core prefill kernels (`--prefill-attention tc`).
+pub const PREFILL_MODULE: &str = "attention_prefill";
+/// Query rows per CTA of `attention_prefill_dD`: a tile holds `PREFILL_ROWS / (Hq / Hkv)` tokens.
+pub const PREFILL_ROWS: u64 = 64;
+
+/// Whether the tensor-core prefill kernels take `cfg`'s attention shape (`--prefill-attention tc`).
+pub fn check_prefill_tc(cfg: &Config) -> std::result::Result<(), String> {
+    let (hq, hkv, d) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
+    let mut why = vec![];
+    if d != 64 && d != 128 {
+        why.push(format!("head_dim {d} (the kernels are built for 64 and 128)"));
+    }
+    if hkv == 0 || !hq.is_multiple_of(hkv) || hq / hkv > 16 {
+        why.push(format!("{hq} query heads over {hkv} kv heads (the kernel takes whole groups of at most 16 query heads per kv head)"));
+    }
+    if why.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("--prefill-attention tc: {}; pack with --prefill-attention simt", why.join("; ")))
+    }
+}
+
 /// Decode attention (`--decode-attention`): which kernels attend for decode-shaped steps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DecodeAttention {
     /// `plain`: `attention_dD` (attention.cu) for every step: one CTA per (sequence, kv head)
     /// at decode, so batch 1 runs `Hkv` CTAs.
-    #[default]
     Plain,
-    /// `split`: steps with `tokens <= seqs` (every row one token) run the split-KV kernels of
-    /// the module `attention_decode` (`attention_decode_dD` over `seqs × Hkv × S` CTAs, then
-    /// `attention_combine_dD`; packs/qwen3/KERNELS.md), other steps `attention_dD`. Needs
-    /// `Hq / Hkv <= 16`. Verified on the H200 (packs/qwen3/KERNELS.md); off by default until
-    /// its batch-dependent split count is checked against speculative decoding's identical output.
+    /// `split` (the default): steps with `tokens <= seqs` (every row one token) run the
+    /// split-KV kernels of the module `attention_decode` (`attention_decode_dD` over
+    /// `seqs × Hkv × Z` CTAs, then `attention_combine_dD`; packs/qwen3/KERNELS.md), other steps
+    /// `attention_dD`. Needs `Hq / Hkv <= 16`. A row's keys are cut into chunks fixed by the row
+    /// alone (at most [`decode_max_chunks`]), so its bits are the same in a decode step of any
+    /// size and in a speculative verify step (speculative decoding's identical output).
+    #[default]
     Split,
 }
 
 /// The values `--decode-attention` takes, for error messages and help.
-pub const DECODE_ATTENTION_KINDS: &str = "plain (attention_dD for every step), split (split-KV kernels for one-token rows)";
+pub const DECODE_ATTENTION_KINDS: &str = "split (the default: split-KV kernels for one-token rows), plain (attention_dD for every step)";
 
 impl std::str::FromStr for DecodeAttention {
     type Err = String;
@@ -147,31 +214,40 @@ impl std::fmt::Display for DecodeAttention {
 /// The module of the split-KV decode kernels (`--decode-attention split`).
 pub const DECODE_MODULE: &str = "attention_decode";
 
-/// Split-KV decode attention: the split count of a decode step is
-/// `min(DECODE_MAX_SPLITS, ceil(DECODE_TARGET_CTAS / (seqs × Hkv)))` — about two CTAs per SM of
-/// the H200's 132 (the kernel fits five per SM) — and a split holds at least
-/// `DECODE_MIN_CHUNK` keys, so short contexts use fewer splits (the kernel decides per row; see
-/// packs/qwen3/KERNELS.md). `packs/qwen3/tests` use the same numbers.
+/// Split-KV decode attention (packs/qwen3/KERNELS.md). A row with `kmax` visible keys is cut
+/// into `ceil(kmax / chunk)` chunks of
+/// `chunk = max(DECODE_MIN_CHUNK, round_up(ceil(kmax / decode_max_chunks(Hkv)), 32))` keys — a
+/// rule of the row and the model only, so a row's bits never depend on the step it runs in — and
+/// the step's grid has `Z = decode_splits(seqs, Hkv)` CTAs per (row, kv head), each taking the
+/// chunks `z, z + Z, …`: `Z` aims at `DECODE_TARGET_CTAS` CTAs per step — about two per SM of
+/// the H200's 132 (the kernel fits five per SM). `packs/qwen3/tests` use the same numbers.
 pub const DECODE_TARGET_CTAS: u64 = 264;
-/// The most splits per (row, kv head) a decode step launches (the kernel takes up to 128).
+/// The most chunks per (row, kv head) (the kernel takes up to 128).
 pub const DECODE_MAX_SPLITS: u64 = 64;
-/// The fewest keys in one split (rounded up to 32 by the kernel).
+/// The fewest keys in one chunk (rounded up to 32 by the kernel).
 pub const DECODE_MIN_CHUNK: u64 = 64;
 /// The most query heads per kv head the split kernel takes.
 pub const DECODE_MAX_GROUP: u64 = 16;
 
-/// The split count of a decode step with `seqs` rows and `hkv` kv heads, as the manifest's grid
-/// computes it.
+/// The most chunks of one row (the kernel's `max_chunks`): batch 1's grid z, so a batch-1 step
+/// gives every chunk its own CTA and fills the GPU. A constant of the model (its per-rank kv
+/// heads), never of the step.
+pub fn decode_max_chunks(hkv: u64) -> u64 {
+    decode_splits(1, hkv)
+}
+
+/// The grid's z size (CTAs per row and kv head) of a decode step with `seqs` rows and `hkv` kv
+/// heads, as the manifest's grid computes it: occupancy only, never the results.
 pub fn decode_splits(seqs: u64, hkv: u64) -> u64 {
     DECODE_TARGET_CTAS.div_ceil(seqs * hkv).clamp(1, DECODE_MAX_SPLITS)
 }
 
 /// Floats of the split kernel's scratch (`attn_partial`) for every decode step the vars allow
-/// (`tokens <= seqs`): a header of `tokens` rounded up to 4, then `splits × tokens × hq`
-/// records of `d + 4` floats.
+/// (`tokens <= seqs`, so `tokens <= min(max_seqs, max_tokens)`): a header of `tokens` rounded
+/// up to 4, then `decode_max_chunks(hkv) × tokens × hq` records of `d + 4` floats.
 pub fn decode_scratch_floats(max_tokens: u64, max_seqs: u64, hkv: u64, hq: u64, d: u64) -> u64 {
-    let rows = (1..=max_seqs).map(|s| decode_splits(s, hkv) * s.min(max_tokens)).max().unwrap_or(0);
-    max_seqs.min(max_tokens).div_ceil(4) * 4 + rows * hq * (d + 4)
+    let t = max_seqs.min(max_tokens);
+    t.div_ceil(4) * 4 + decode_max_chunks(hkv) * t * hq * (d + 4)
 }
 
 /// A draft for speculative decoding written from the target's own weights.
@@ -290,10 +366,16 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     if opts.decode_attention == DecodeAttention::Split {
         check_split_decode(cfg).map_err(PackError::Config)?;
     }
+    if opts.prefill_attention == PrefillAttention::Tc {
+        check_prefill_tc(cfg).map_err(PackError::Config)?;
+    }
     std::fs::create_dir_all(out).map_err(io(out))?;
     let mut modules = Map::new();
     let split = (opts.decode_attention == DecodeAttention::Split).then_some(DECODE_MODULE);
-    for m in MODULES.iter().copied().chain(split) {
+    let prefill_tc = (opts.prefill_attention == PrefillAttention::Tc).then_some(PREFILL_MODULE);
+    // With split decode and tensor-core prefill, attention_dD runs for no step size.
+    let unused = |m: &&str| *m == "attention" && split.is_some() && prefill_tc.is_some();
+    for m in MODULES.iter().copied().filter(|m| !unused(m)).chain(split).chain(prefill_tc) {
         // With --pdl, the build of each non-GEMM module whose kernels wait first (the GEMM
         // kernels always wait after their weight prefetch).
         let file = if opts.pdl && !m.starts_with("gemm_") { format!("{m}.pdl.sm_90a.cubin") } else { format!("{m}.sm_90a.cubin") };
@@ -403,7 +485,12 @@ fn input(dtype: &str, shape: Value) -> Value {
 /// per M range, each with a grid that is 0 — "skip this launch" (docs/manifest.md) — outside
 /// its range, so exactly one runs for any M, chosen from the var's value at run time (or at a
 /// CUDA graph's bucket). Ranges and recipes from packs/qwen3/GEMM.md and its H200 timings:
-/// the GEMV for decode, skinny tensor-core kernels up to 64 rows, wgmma above.
+/// the GEMV for decode, skinny tensor-core kernels up to 64 rows, wgmma above. The skinny
+/// entries are the 8-warp family for every M range, whose per-row reduction order does not
+/// depend on M, so a row's bits do not depend on which range ran (speculative verification =
+/// plain decoding). The cluster family `*_cC` (split-K over a thread-block cluster) is built
+/// and verified but measured slower at M = 1 on the narrow shapes it was made for (GEMM.md,
+/// 2026-12-02), so no manifest uses it.
 fn gemm_launches(n: u64, k: u64, m: &str, m_max: u64, f32_out: bool) -> Vec<Value> {
     let sfx = if f32_out { "_f32out" } else { "" };
     let out = if f32_out { "out buffer<f32>" } else { "out buffer<bf16>" };
@@ -415,15 +502,16 @@ fn gemm_launches(n: u64, k: u64, m: &str, m_max: u64, f32_out: bool) -> Vec<Valu
             None => lower,
         }
     };
-    let launch = |module: &str, entry: String, grid: Value, shared: u64| {
+    let launch = |module: &str, entry: String, grid: Value, block: u64, shared: u64| {
         json!({
             "module": module, "entry": entry,
             "params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", out, "i32", "i32", "i32"],
-            "block": [256], "grid": grid, "shared": shared,
+            "block": [block], "grid": grid, "shared": shared,
             "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"i32": n}, {"i32": k}]
         })
     };
-    let skinny = |entry: &str, lo: u64, hi: u64| launch("gemm_skinny", format!("{entry}{sfx}"), json!([format!("ceil({n}/16) * {}", within(lo, Some(hi)))]), 0);
+    // 128 threads, ceil(n/16)·C CTAs (a multiple of the cluster size C, as the kernel needs).
+    let skinny = |entry: &str, lo: u64, hi: u64| launch("gemm_skinny", format!("{entry}{sfx}"), json!([format!("ceil({n}/16) * {}", within(lo, Some(hi)))]), 256, 0);
     let (wg, bn) = if n >= 4096 { ("gemm_bf16_wgmma", 256) } else { ("gemm_bf16_wgmma_n128", 128) };
     // Only the ranges the var can reach: a launch that could never run is an error.
     let mut out = Vec::new();
@@ -433,7 +521,7 @@ fn gemm_launches(n: u64, k: u64, m: &str, m_max: u64, f32_out: bool) -> Vec<Valu
         }
     }
     if m_max >= 65 {
-        out.push(launch("gemm_wgmma", format!("{wg}{sfx}"), json!([format!("ceil({m}/128) * {}", within(65, None)), format!("ceil({n}/{bn})")]), 197632));
+        out.push(launch("gemm_wgmma", format!("{wg}{sfx}"), json!([format!("ceil({m}/128) * {}", within(65, None)), format!("ceil({n}/{bn})")]), 256, 197632));
     }
     out
 }
@@ -568,6 +656,16 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                          {"i32": opts.page_tokens}, {"f32": cfg.rope_theta}, {"f32": eps}, {"i32": rope_flags}]}]}})
     };
     let scale = 1.0 / (d.d as f64).sqrt();
+    // --prefill-attention tc: steps with tokens > seqs launch attention_prefill_dD (attention_dD's
+    // params and args; PREFILL_ROWS / G tokens per CTA), the others keep the decode choice.
+    let tc = opts.prefill_attention == PrefillAttention::Tc;
+    let tc_launch = |l: &Value| {
+        let mut l = l.clone();
+        l["module"] = json!(PREFILL_MODULE);
+        l["entry"] = json!(format!("attention_prefill_d{}", d.d));
+        l["grid"][0] = json!(format!("(ceil(tokens/{})+seqs) * max(0, min(1, tokens - seqs))", PREFILL_ROWS / (d.hq / d.hkv)));
+        l
+    };
     let attention_op = |num_layers: u64| {
         let plain = json!({
             "module": "attention", "entry": attn_entry,
@@ -578,6 +676,11 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                      {"param": 6}, {"param": 7}, {"param": 8}, {"i32": d.qkv}, {"i32": d.hq}, {"i32": d.hkv}, {"param": 9},
                      {"i32": num_layers}, {"i32": opts.page_tokens}, {"f32": scale}]});
         let params = json!(["out buffer<bf16>", "in buffer<bf16>", "state", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>", "i32", "i32", "i32", "i32"]);
+        if !split && tc {
+            let mut decode = plain.clone();
+            decode["grid"][0] = json!(format!("(ceil(tokens/{bq})+seqs) * max(0, min(1, seqs - tokens + 1))"));
+            return json!({"params": params, "impl": {"launches": [tc_launch(&plain), decode]}});
+        }
         if !split {
             return json!({"params": params, "impl": {"launches": [plain]}});
         }
@@ -588,6 +691,11 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         let decode = "max(0, min(1, seqs - tokens + 1))";
         let mut prefill = plain;
         prefill["grid"][0] = json!(format!("(ceil(tokens/{bq})+seqs) * max(0, min(1, tokens - seqs))"));
+        if tc {
+            prefill = tc_launch(&prefill);
+        }
+        // The grid's z (CTAs per row and kv head, decode_splits) is for occupancy only: the
+        // kernel's chunking is fixed by the row and the constant max_chunks (its last arg).
         let splits = format!("min({DECODE_MAX_SPLITS}, cdiv({DECODE_TARGET_CTAS}, seqs * {}))", d.hkv);
         let mut params = params;
         params.as_array_mut().expect("array").push(json!("out buffer<f32>"));
@@ -595,11 +703,12 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
             prefill,
             {"module": DECODE_MODULE, "entry": format!("attention_decode_d{}", d.d),
              "params": ["out buffer<f32>", "in buffer<bf16>", "ptr", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>",
-                        "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32", "i32"],
+                        "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32", "i32", "i32"],
              "block": [128], "grid": [format!("tokens * {decode}"), d.hkv, splits],
              "args": [{"param": 10}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5},
                       {"param": 6}, {"param": 7}, {"param": 8}, {"i32": d.qkv}, {"i32": d.hq}, {"i32": d.hkv}, {"param": 9},
-                      {"i32": num_layers}, {"i32": opts.page_tokens}, {"f32": scale}, {"i32": DECODE_MIN_CHUNK}]},
+                      {"i32": num_layers}, {"i32": opts.page_tokens}, {"f32": scale}, {"i32": DECODE_MIN_CHUNK},
+                      {"i32": decode_max_chunks(d.hkv)}]},
             {"module": DECODE_MODULE, "entry": format!("attention_combine_d{}", d.d),
              "params": ["out buffer<bf16>", "in buffer<f32>", "i32", "i32"],
              "block": [d.d], "grid": [format!("tokens * {decode}"), d.hq],

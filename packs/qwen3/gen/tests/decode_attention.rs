@@ -2,13 +2,13 @@
 //! the split-KV kernels (module `attention_decode`) for steps whose rows are all one token
 //! (`tokens <= seqs`) beside `attention_dD` for the others; the manifest passes `kern check`
 //! against the pack's real cubins (draft programs included); the scratch holds every decode
-//! step's partial results; shapes the kernel cannot take are refused; and the default manifest
-//! has none of it.
+//! step's partial results; shapes the kernel cannot take are refused; split is the default and
+//! `plain` has none of it.
 
 use kern_manifest::{load, CheckOptions, LaunchArg, Manifest, Value as Scalar};
 use kern_pack_qwen3::config::preset;
-use kern_pack_qwen3::manifest::{check_split_decode, decode_scratch_floats, decode_splits, DECODE_MIN_CHUNK};
-use kern_pack_qwen3::{generate, DecodeAttention, Draft, DraftKind, PackOptions};
+use kern_pack_qwen3::manifest::{check_split_decode, decode_max_chunks, decode_scratch_floats, decode_splits, DECODE_MIN_CHUNK};
+use kern_pack_qwen3::{generate, DecodeAttention, Draft, DraftKind, PackOptions, PrefillAttention};
 mod common;
 use common::kernels;
 
@@ -26,7 +26,9 @@ fn live(m: &Manifest, op: &str, tokens: i64, seqs: i64) -> Vec<String> {
 }
 
 fn split_opts(max_tokens: u64, max_seqs: u64) -> PackOptions {
-    PackOptions { kernels: kernels(), max_tokens, max_seqs, max_context: 4096, decode_attention: DecodeAttention::Split, ..Default::default() }
+    // Prefill-shaped steps on attention_dD (`--prefill-attention simt`), so each step size shows
+    // which decode kernel it takes; tests/prefill_attention.rs covers the tc prefill kernel.
+    PackOptions { kernels: kernels(), max_tokens, max_seqs, max_context: 4096, decode_attention: DecodeAttention::Split, prefill_attention: PrefillAttention::Simt, ..Default::default() }
 }
 
 #[test]
@@ -52,23 +54,30 @@ fn split_decode_attention_passes_kern_check_and_runs_for_one_token_steps_only() 
         }
         let op = &m.ops[m.op("attention").unwrap().0];
         let launch = op.launches.iter().find(|l| l.entry == split).unwrap();
-        assert_eq!(launch.args.last(), Some(&LaunchArg::Const(Scalar::I32(DECODE_MIN_CHUNK as i32))), "{name}");
-        // The split count is the documented rule, and the scratch holds every decode step's
-        // header and records.
+        // The chunking's constants: min_chunk, then max_chunks (a constant of the model, never of
+        // the step: batch invariance).
+        let n = launch.args.len();
+        assert_eq!(launch.args[n - 2], LaunchArg::Const(Scalar::I32(DECODE_MIN_CHUNK as i32)), "{name}");
+        let max_chunks = decode_max_chunks(hkv);
+        assert_eq!(launch.args[n - 1], LaunchArg::Const(Scalar::I32(max_chunks as i32)), "{name}");
+        assert!((1..=128).contains(&max_chunks), "{name}: the kernel takes 1 to 128 chunks, not {max_chunks}");
+        // The grid's z is the documented rule (never above max_chunks: no idle CTAs), and the
+        // scratch holds every decode step's header and max_chunks records per (token, head).
         let scratch = &m.buffers[m.buffer("attn_partial").unwrap().0];
         let floats = scratch.bytes_at_max / 4;
         assert_eq!(floats, decode_scratch_floats(max_tokens, max_seqs, hkv, hq, d), "{name}");
         for seqs in 1..=ms {
-            let s = launch.grid[2].eval(&vars(&m, 1, seqs)).unwrap();
-            assert_eq!(s as u64, decode_splits(seqs as u64, hkv), "{name}: seqs {seqs}");
-            assert!((1..=128).contains(&s), "{name}: the kernel takes 1 to 128 splits, not {s}");
+            let z = launch.grid[2].eval(&vars(&m, 1, seqs)).unwrap();
+            assert_eq!(z as u64, decode_splits(seqs as u64, hkv), "{name}: seqs {seqs}");
+            assert!(z >= 1 && z as u64 <= max_chunks, "{name}: seqs {seqs}: grid z {z}");
             for tokens in 1..=seqs.min(mt) {
-                let need = (tokens as u64).div_ceil(4) * 4 + s as u64 * tokens as u64 * hq * (d + 4);
+                let need = (tokens as u64).div_ceil(4) * 4 + max_chunks * tokens as u64 * hq * (d + 4);
                 assert!(need <= floats, "{name}: tokens {tokens} seqs {seqs}: {need} floats > {floats}");
             }
         }
-        // Batch 1 fills the GPU: about two CTAs per SM.
-        assert!(decode_splits(1, hkv) * hkv >= 128, "{name}");
+        // Batch 1 fills the GPU: about two CTAs per SM, every chunk its own CTA.
+        assert_eq!(decode_splits(1, hkv), max_chunks, "{name}");
+        assert!(max_chunks * hkv >= 128, "{name}");
         // Every layer's attention call passes the scratch.
         let id = m.buffer("attn_partial").unwrap();
         let calls: Vec<_> = m.programs[0].calls.iter().filter(|c| c.label.ends_with(".attention")).collect();
@@ -79,11 +88,15 @@ fn split_decode_attention_passes_kern_check_and_runs_for_one_token_steps_only() 
 }
 
 #[test]
-fn the_default_manifest_has_no_split_kernels() {
+fn split_is_the_default_and_plain_has_no_split_kernels() {
     let cfg = preset("qwen3-0.6b").unwrap();
     let out = std::env::temp_dir().join(format!("kern-pack-plain-{}", std::process::id()));
-    let opts = PackOptions { kernels: kernels(), ..Default::default() };
-    assert_eq!(opts.decode_attention, DecodeAttention::Plain);
+    assert_eq!(PackOptions::default().decode_attention, DecodeAttention::Split);
+    let m = load(&generate(&cfg, &PackOptions { kernels: kernels(), ..Default::default() }, &out).unwrap(), &CheckOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(m.module("attention_decode").is_some());
+    assert!(m.buffer("attn_partial").is_some());
+    assert_eq!(live(&m, "attention", 1, 1), ["attention_decode_d128", "attention_combine_d128"]);
+    let opts = PackOptions { kernels: kernels(), decode_attention: DecodeAttention::Plain, prefill_attention: PrefillAttention::Simt, ..Default::default() };
     let m = load(&generate(&cfg, &opts, &out).unwrap(), &CheckOptions::default()).unwrap_or_else(|e| panic!("{e}"));
     assert!(m.module("attention_decode").is_none());
     assert!(m.buffer("attn_partial").is_none());
@@ -122,14 +135,18 @@ fn shapes_the_split_kernel_cannot_take_are_refused() {
     let e = generate(&cfg, &split_opts(64, 8), &out).unwrap_err().to_string();
     assert!(e.contains("--decode-attention split"), "{e}");
     assert!(!out.join("model.json").exists(), "nothing is written for a refused shape");
-    // The plain manifest still packs it.
-    assert!(generate(&cfg, &PackOptions { kernels: kernels(), max_tokens: 64, max_seqs: 8, ..Default::default() }, &out).is_ok());
+    // The default (split) refuses it too, naming the way out; the plain manifest still packs it.
+    let e = generate(&cfg, &PackOptions { kernels: kernels(), max_tokens: 64, max_seqs: 8, ..Default::default() }, &out).unwrap_err().to_string();
+    assert!(e.contains("--decode-attention plain"), "{e}");
+    let plain = PackOptions { kernels: kernels(), max_tokens: 64, max_seqs: 8, decode_attention: DecodeAttention::Plain, prefill_attention: PrefillAttention::Simt, ..Default::default() };
+    assert!(generate(&cfg, &plain, &out).is_ok());
     std::fs::remove_dir_all(&out).ok();
     let mut cfg = preset("qwen3-4b").unwrap();
     cfg.head_dim = Some(256);
     assert!(check_split_decode(&cfg).unwrap_err().contains("head_dim 256"));
     assert_eq!("split".parse::<DecodeAttention>(), Ok(DecodeAttention::Split));
     assert_eq!("plain".parse::<DecodeAttention>(), Ok(DecodeAttention::Plain));
-    assert!("flash".parse::<DecodeAttention>().unwrap_err().contains("supported: plain"));
+    let e = "flash".parse::<DecodeAttention>().unwrap_err();
+    assert!(e.contains("supported: split (the default") && e.contains("plain"), "{e}");
     assert_eq!(DecodeAttention::Split.to_string(), "split");
 }

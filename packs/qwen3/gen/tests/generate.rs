@@ -19,10 +19,12 @@ fn presets_generate_manifests_that_pass_kern_check() {
         assert_eq!(step.vocab, Some(151936), "{name}");
         assert!(step.kv.is_some());
         // Calls per step: embed + first norm + 9 per layer - 1 + 5 at the end; each GEMM call
-        // declares one launch per M range (all but one skipped at run time).
+        // declares one launch per M range (all but one skipped at run time), each attention call
+        // three (the default split decode attention: attention_dD, or the split kernel and its
+        // combine).
         let layers = cfg.num_hidden_layers as usize;
         assert_eq!(m.programs[0].calls.len(), 2 + 9 * layers - 1 + 5, "{name}");
-        assert_eq!(m.programs[0].launches(&m), 2 + 9 * layers - 1 + 5 + 4 * (4 * layers) + 3, "{name}");
+        assert_eq!(m.programs[0].launches(&m), 2 + 9 * layers - 1 + 5 + 4 * (4 * layers) + 2 * layers + 3, "{name}");
         // Exactly one GEMM launch has a positive grid for every M.
         let op = &m.ops[m.op("qkv_proj").unwrap().0];
         for tokens in [1i64, 7, 8, 9, 16, 17, 32, 33, 64, 65, 300, 512] {

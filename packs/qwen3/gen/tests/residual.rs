@@ -1,7 +1,8 @@
 //! `kern pack --residual f32` (`PackOptions::residual`): the residual stream `x` / `x_last` is
 //! fp32 and every call that touches it uses the `*_f32` entries of `rowwise`; the manifest
 //! passes `kern check` against the pack's real cubins with a draft program, tensor parallelism,
-//! split decode attention and PDL (f32 is the default); `--residual bf16` has none of them.
+//! plain decode attention and PDL (f32 and split decode attention are the defaults);
+//! `--residual bf16` has none of them.
 
 use kern_manifest::{load, CheckOptions, DType, Manifest};
 use kern_pack_qwen3::config::preset;
@@ -26,11 +27,11 @@ type Variant = (&'static str, fn(&mut PackOptions));
 #[test]
 fn f32_residual_uses_the_f32_kernels_and_passes_kern_check() {
     let variants: [Variant; 5] = [
-        ("plain", |_| {}),
+        ("default", |_| {}),
         ("layer-skip draft", |o| o.draft = Some(Draft { kind: DraftKind::LayerSkip(2), k: 3 })),
         ("tp 2", |o| o.tp = Some(2)),
-        ("split + pdl", |o| {
-            o.decode_attention = DecodeAttention::Split;
+        ("plain attention + pdl", |o| {
+            o.decode_attention = DecodeAttention::Plain;
             o.pdl = true
         }),
         ("self draft", |o| o.draft = Some(Draft { kind: DraftKind::SelfDraft, k: 4 })),
