@@ -154,7 +154,9 @@ fn dropping_a_handle_aborts_the_request_and_frees_its_pages() {
     let mut h = e.submit(Request { ignore_eos: true, ..Request::new((0..30).collect(), 200) }).unwrap();
     let first = h.blocking_recv().unwrap();
     assert!(matches!(first, Event::Output { .. }));
-    assert!(metric(&e, "kern:kv_cache_used_pages") > 0.0);
+    // The gauges are set after the step's events are sent: wait for the step's update (the
+    // request runs 200 tokens at 5 ms a step, so its pages stay held meanwhile).
+    wait_for("pages in use", || metric(&e, "kern:kv_cache_used_pages") > 0.0);
     drop(h);
     wait_for("the abort", || metric(&e, "kern:kv_cache_used_pages") == 0.0 && metric(&e, "kern:num_requests_running") == 0.0);
     assert!(e.metrics().render().contains("kern:request_success_total{finished_reason=\"abort\"} 1"));
