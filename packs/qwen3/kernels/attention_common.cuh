@@ -35,4 +35,31 @@ static __device__ __forceinline__ void unpack8(const uint4& v, float (&x)[8]) {
     }
 }
 
+// The parameters of every varlen attention entry (attention.cu's attention_dD and
+// attention_prefill.cu's attention_prefill_dD take exactly these), and how an entry passes them on.
+#define KERN_ATT_ARGS                                                                                         \
+    bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ kv_base,                   \
+        const int *__restrict__ block_tables, const int *__restrict__ seq_lens,                              \
+        const int *__restrict__ query_start, int num_seqs, int num_tokens, int max_pages, int q_stride,      \
+        int num_heads, int kv_heads, int layer, int num_layers, int page_tokens, float scale
+#define KERN_ATT_PASS                                                                                         \
+    out, q, kv_base, block_tables, seq_lens, query_start, num_seqs, num_tokens, max_pages, q_stride,         \
+        num_heads, kv_heads, layer, num_layers, page_tokens, scale
+
+// Padded tokens (rows query_start[num_seqs] .. num_tokens-1): zeros for kv head kvh's G query
+// heads, so that the output never holds stale data. Every CTA of the (x, kvh) grid row takes the
+// tokens blockIdx.x, blockIdx.x + gridDim.x, ...; `threads` threads per CTA.
+template <int D>
+static __device__ __forceinline__ void zero_padded_rows(bf16* __restrict__ out, const int* __restrict__ query_start,
+                                                        int num_seqs, int num_tokens, int num_heads, int kvh, int G,
+                                                        int tid, int threads) {
+    constexpr int CH = D / 8;  // 16-byte chunks per head row
+    int qend = query_start[num_seqs];
+    if (qend < 0) qend = 0;
+    for (int t = qend + blockIdx.x; t < num_tokens; t += gridDim.x) {
+        bf16* dst = out + (size_t)t * num_heads * D + (size_t)kvh * G * D;
+        for (int c = tid; c < G * CH; c += threads) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0, 0, 0, 0);
+    }
+}
+
 }  // namespace kern

@@ -328,31 +328,14 @@ __device__ __forceinline__ void attention_prefill_impl(
         }
     }
 
-    // ---- padded tokens (rows query_start[num_seqs] .. num_tokens-1): zeros for this kv head's
-    // query heads, so that the output never holds stale data.
-    int qend = query_start[num_seqs];
-    if (qend < 0) qend = 0;
-    for (int t = qend + blockIdx.x; t < num_tokens; t += gridDim.x) {
-        bf16* dst = out + (size_t)t * num_heads * D + (size_t)kvh * G * D;
-        for (int c = tid; c < G * CH; c += APF_THREADS)
-            reinterpret_cast<uint4*>(dst)[c] = make_uint4(0, 0, 0, 0);
-    }
+    zero_padded_rows<D>(out, query_start, num_seqs, num_tokens, num_heads, kvh, G, tid, APF_THREADS);
 }
 
-#define APF_ARGS                                                                                              \
-    bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ kv_base,                   \
-        const int *__restrict__ block_tables, const int *__restrict__ seq_lens,                              \
-        const int *__restrict__ query_start, int num_seqs, int num_tokens, int max_pages, int q_stride,      \
-        int num_heads, int kv_heads, int layer, int num_layers, int page_tokens, float scale
-#define APF_PASS                                                                                              \
-    out, q, kv_base, block_tables, seq_lens, query_start, num_seqs, num_tokens, max_pages, q_stride,         \
-        num_heads, kv_heads, layer, num_layers, page_tokens, scale
-
-extern "C" __global__ void __launch_bounds__(APF_THREADS) attention_prefill_d128(APF_ARGS) {
+extern "C" __global__ void __launch_bounds__(APF_THREADS) attention_prefill_d128(KERN_ATT_ARGS) {
     KERN_PDL_WAIT();
-    attention_prefill_impl<128>(APF_PASS);
+    attention_prefill_impl<128>(KERN_ATT_PASS);
 }
-extern "C" __global__ void __launch_bounds__(APF_THREADS) attention_prefill_d64(APF_ARGS) {
+extern "C" __global__ void __launch_bounds__(APF_THREADS) attention_prefill_d64(KERN_ATT_ARGS) {
     KERN_PDL_WAIT();
-    attention_prefill_impl<64>(APF_PASS);
+    attention_prefill_impl<64>(KERN_ATT_PASS);
 }

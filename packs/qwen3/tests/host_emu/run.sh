@@ -3,10 +3,13 @@
 #   bash packs/qwen3/tests/host_emu/run.sh
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-OUT="${TMPDIR:-/tmp}/kern-attention-decode-emu"
+# A directory of its own: two runs at once (two checkouts) never overwrite each other's binaries.
+BIN="$(mktemp -d "${TMPDIR:-/tmp}/kern-host-emu.XXXXXX")"
+trap 'rm -rf "$BIN"' EXIT
+OUT="$BIN/attention-decode-emu"
 g++ -std=c++20 -O2 -pthread -w -I "$HERE" -include "$HERE/emu.h" -x c++ "$HERE/attention_decode_emu.cpp" "$HERE/attention_emu.cpp" -o "$OUT"
 "$OUT"
 # attention_prefill.cu (tensor-core prefill attention; ldmatrix / mma.sync emulated in emu.h) vs fp64 and attention_dD
-OUT_PREFILL="${TMPDIR:-/tmp}/kern-attention-prefill-emu"
+OUT_PREFILL="$BIN/attention-prefill-emu"
 g++ -std=c++20 -O2 -pthread -w -I "$HERE" -include "$HERE/emu.h" -x c++ "$HERE/attention_prefill_emu.cpp" "$HERE/attention_emu.cpp" -o "$OUT_PREFILL"
 "$OUT_PREFILL"
