@@ -55,6 +55,10 @@ pub fn read(path: &Path) -> Result<Array> {
 pub fn write(path: &Path, bytes: &[u8], dtype: DType, shape: &[u64], raw: bool) -> Result<()> {
     let file = path.display().to_string();
     let io = |e: std::io::Error| RuntimeError::Io { file: file.clone(), cause: e };
+    // The directory too (`kern run --out-dir DIR` names one that may not exist yet).
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
     let f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
     macro_rules! put {
         ($t:ty, $iter:expr) => {{
@@ -121,5 +125,22 @@ mod tests {
         assert_eq!(decode(&ints, DType::I32), read(&p).unwrap().values);
         std::fs::write(&p, b"not npy").unwrap();
         assert!(read(&p).unwrap_err().to_string().contains("not a readable .npy"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn the_directory_is_created() {
+        let dir = std::env::temp_dir().join(format!("kern-npy-dir-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        let p = dir.join("out").join("x.npy");
+        let ints = encode(&Values::I64(vec![1, 2, 3]), DType::I32).unwrap();
+        write(&p, &ints, DType::I32, &[3], false).unwrap();
+        assert_eq!(read(&p).unwrap().values, Values::I64(vec![1, 2, 3]));
+        // A file where the directory should be: a clear error naming the path.
+        let blocked = dir.join("file");
+        std::fs::write(&blocked, b"x").unwrap();
+        let e = write(&blocked.join("y.npy"), &ints, DType::I32, &[3], false).unwrap_err().to_string();
+        assert!(e.contains("y.npy"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

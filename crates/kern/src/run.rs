@@ -26,7 +26,7 @@ pub struct Args {
     /// Without any, every `output` buffer is written.
     #[arg(long = "output", value_name = "BUF[=FILE]")]
     outputs: Vec<String>,
-    /// Directory for outputs named without a file.
+    /// Directory for outputs named without a file (created if it does not exist).
     #[arg(long, default_value = ".")]
     out_dir: PathBuf,
     /// Write bf16/f16/fp8 buffers as their raw bit patterns (uint16/uint8) instead of float32.
