@@ -67,7 +67,7 @@ pub struct Args {
     decode_attention: kern_pack_qwen3::DecodeAttention,
     /// Attention of steps with more new tokens than sequences (prefill chunks, mixed steps):
     /// `tc`, the default (attention_prefill_dD: FlashAttention-2 style on bf16 tensor cores, P
-    /// rounded to bf16 before P·V as FlashAttention does; packs/qwen3/KERNELS.md,
+    /// fed to P·V as two bf16 parts, ~16 bits; packs/qwen3/KERNELS.md,
     /// attention_prefill; 7.4× the SIMT kernel on a Qwen3-4B 8,192-token prompt on an H200) or
     /// `simt` (attention_dD, the SIMT fp32 kernel of every step). Decode and verify steps keep
     /// the --decode-attention choice. Needs head_dim 64 or 128 and at most 16 query heads per

@@ -25,12 +25,13 @@
 // are not loaded, pages that are -1 (or beyond max_pages) read as zeros.
 //
 // Numerics (vs an fp64 reference): S and O accumulate in fp32 (tensor-core fp32 accumulation);
-// the only extra rounding over attention_dD is P -> bf16 before P.V (relative error <= 2^-9 per
-// weight); the row sum l sums the ROUNDED p, so the normalized weights still sum to 1 and the
-// output stays a convex combination of V rows. Expected |error| ~ 2^-9 * sqrt(sum_j p_j^2) * |v|
-// (random-walk) + the output's bf16 rounding (2^-9 relative) — the same rounding torch's bf16
-// SDPA applies to P, so verify_kernels.py's attention tolerance (1.5 x torch-bf16 error +
-// 2^-7 x max|ref|) applies unchanged; the host emulation checks 2^-7 x max|ref| against fp64.
+// P enters P.V as two bf16 operands, hi = bf16(p) and lo = bf16(p - hi) (~16 bits of p, two
+// MMAs per V fragment), and the row sum l adds the fp32 p. The first version rounded P to bf16
+// once (as FlashAttention and torch's bf16 SDPA do): within verify_kernels.py's attention
+// tolerance, but the real-model parity rule (scripts/gpu/real_model.sh) then failed one prompt of
+// 8. With hi + lo the host emulation's error equals attention_dD's; the tolerances (1.5 x
+// torch-bf16 error + 2^-7 x max|ref| on the GPU, 2^-7 x max|ref| against fp64 in the emulation)
+// apply unchanged.
 #include "common.cuh"
 #include "attention_common.cuh"
 

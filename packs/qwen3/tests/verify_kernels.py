@@ -1361,8 +1361,8 @@ GROUP_FNS = {"rowwise": g_rowwise, "kv_write": g_kv_write, "qk_norm_rope": g_qk_
 # grid [ceil(tokens / (64 // G)) + seqs, Hkv], block 128 (the manifest's, --prefill-attention tc).
 # The manifest launches it for steps with tokens > seqs only, but it is correct for any step, so
 # the attention group's cases (decode rows, padding, G = 1..16, both head dims) run here too.
-# Same reference and tolerance as attention_dD (P is rounded to bf16 before P.V, as torch's bf16
-# SDPA does). Also: the difference to attention_dD on the same inputs, and the 8,192-token
+# Same reference and tolerance as attention_dD (P enters P.V as bf16 hi + lo, ~16 bits; see the
+# kernel's header). Also: the difference to attention_dD on the same inputs, and the 8,192-token
 # single-sequence prefill timing (TFLOP/s with causal FLOPs 4 * D * Hq * sum_i (i + 1)).
 def prefill_tc_args(c, out, Hq, Hkv, D, pt, layers, layer):
     return [P(out), P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]),

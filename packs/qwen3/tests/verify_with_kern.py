@@ -928,7 +928,7 @@ def attention_prefill_cases():
                               "seq_lens": c["seq_lens"], "query_start": c["qs"]}, ["out"])["out"]
             ref, tbf = vk.attention_refs(c, Hq, Hkv, D, D ** -0.5)
             n = c["n_tok"]
-            X.close(kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf, note="tensor cores, P in bf16, vs SDPA")
+            X.close(kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf, note="tensor cores, P as bf16 hi + lo, vs SDPA")
             pad = out[n:c["Tb"]]
             if pad.numel():
                 okp = bool((pad.double() == 0).all())
