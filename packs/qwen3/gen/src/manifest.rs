@@ -180,7 +180,7 @@ pub enum DecodeAttention {
     /// `split` (the default): steps with `tokens <= seqs` (every row one token) run the
     /// split-KV kernels of the module `attention_decode` (`attention_decode_dD` over
     /// `seqs × Hkv × Z` CTAs, then `attention_combine_dD`; packs/qwen3/KERNELS.md), other steps
-    /// `attention_dD`. Needs `Hq / Hkv <= 16`. A row's keys are cut into chunks fixed by the row
+    /// the `--prefill-attention` choice. Needs `Hq / Hkv <= 16`. A row's keys are cut into chunks fixed by the row
     /// alone (at most [`decode_max_chunks`]), so its bits are the same in a decode step of any
     /// size and in a speculative verify step (speculative decoding's identical output).
     #[default]
