@@ -51,31 +51,8 @@ __device__ __forceinline__ void attention_impl(
         // ---- map work -> (sequence, query tile) with a warp-wide scan over query_start
         __syncthreads();  // previous item's smem reads are done before anything is overwritten
         if (warp == 0) {
-            int cum = 0, seq = -1, tile = 0;
-            for (int base = 0; base < num_seqs; base += 32) {
-                const int s = base + lane;
-                int nt = 0;
-                if (s < num_seqs) {
-                    const int nn = query_start[s + 1] - query_start[s];
-                    nt = nn > 0 ? (nn + BQ - 1) / BQ : 0;
-                }
-                int incl = nt;
-#pragma unroll
-                for (int o = 1; o < 32; o <<= 1) {
-                    const int v = __shfl_up_sync(0xffffffffu, incl, o);
-                    if (lane >= o) incl += v;
-                }
-                const unsigned hit = __ballot_sync(0xffffffffu, s < num_seqs && cum + incl > work);
-                if (hit) {
-                    const int first = __ffs(hit) - 1;
-                    const int incl_f = __shfl_sync(0xffffffffu, incl, first);
-                    const int nt_f = __shfl_sync(0xffffffffu, nt, first);
-                    seq = base + first;
-                    tile = work - (cum + incl_f - nt_f);
-                    break;
-                }
-                cum += __shfl_sync(0xffffffffu, incl, 31);
-            }
+            int seq, tile, tiles;
+            find_query_tile(query_start, num_seqs, BQ, work, lane, seq, tile, tiles);
             if (lane == 0) {
                 s_item[0] = seq;
                 s_item[1] = tile;

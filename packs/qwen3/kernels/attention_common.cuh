@@ -35,6 +35,41 @@ static __device__ __forceinline__ void unpack8(const uint4& v, float (&x)[8]) {
     }
 }
 
+// The work item `work` of a varlen step cut into query tiles of BQ tokens per sequence: a
+// warp-wide scan over query_start (sequences in order, tiles in order within a sequence). Every
+// lane returns the same (seq, tile, tiles of that sequence); seq = -1 when `work` is past the last.
+static __device__ __forceinline__ void find_query_tile(const int* __restrict__ query_start, int num_seqs, int BQ,
+                                                       int work, int lane, int& seq, int& tile, int& tiles) {
+    int cum = 0;
+    seq = -1;
+    tile = 0;
+    tiles = 0;
+    for (int base = 0; base < num_seqs; base += 32) {
+        const int s = base + lane;
+        int nt = 0;
+        if (s < num_seqs) {
+            const int nn = query_start[s + 1] - query_start[s];
+            nt = nn > 0 ? (nn + BQ - 1) / BQ : 0;
+        }
+        int incl = nt;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
+        }
+        const unsigned hit = __ballot_sync(0xffffffffu, s < num_seqs && cum + incl > work);
+        if (hit) {
+            const int first = __ffs(hit) - 1;
+            const int incl_f = __shfl_sync(0xffffffffu, incl, first);
+            tiles = __shfl_sync(0xffffffffu, nt, first);
+            seq = base + first;
+            tile = work - (cum + incl_f - tiles);
+            return;
+        }
+        cum += __shfl_sync(0xffffffffu, incl, 31);
+    }
+}
+
 // The parameters of every varlen attention entry (attention.cu's attention_dD and
 // attention_prefill.cu's attention_prefill_dD take exactly these), and how an entry passes them on.
 #define KERN_ATT_ARGS                                                                                         \

@@ -102,34 +102,9 @@ __device__ __forceinline__ void attention_prefill_impl(
 
     for (int work = blockIdx.x;; work += gridDim.x) {
         // ---- map work -> (sequence, query tile): every warp scans query_start (same result)
-        int seq = -1, tile = 0;
-        {
-            int cum = 0;
-            for (int base = 0; base < num_seqs; base += 32) {
-                const int s = base + lane;
-                int nt = 0;
-                if (s < num_seqs) {
-                    const int nn = query_start[s + 1] - query_start[s];
-                    nt = nn > 0 ? (nn + BQ - 1) / BQ : 0;
-                }
-                int incl = nt;
-#pragma unroll
-                for (int o = 1; o < 32; o <<= 1) {
-                    const int v = __shfl_up_sync(0xffffffffu, incl, o);
-                    if (lane >= o) incl += v;
-                }
-                const unsigned hit = __ballot_sync(0xffffffffu, s < num_seqs && cum + incl > work);
-                if (hit) {
-                    const int first = __ffs(hit) - 1;
-                    const int incl_f = __shfl_sync(0xffffffffu, incl, first);
-                    const int nt_f = __shfl_sync(0xffffffffu, nt, first);
-                    seq = base + first;
-                    tile = nt_f - 1 - (work - (cum + incl_f - nt_f));  // last tile (most keys) first
-                    break;
-                }
-                cum += __shfl_sync(0xffffffffu, incl, 31);
-            }
-        }
+        int seq, tile, tiles;
+        find_query_tile(query_start, num_seqs, BQ, work, lane, seq, tile, tiles);
+        tile = tiles - 1 - tile;  // within a sequence, the last tile (most keys) first
         if (seq < 0) break;  // no more work for this CTA (the same for every warp)
         __syncthreads();     // the previous item's reads of Ks / Vs are done
 
