@@ -70,6 +70,70 @@ static __device__ __forceinline__ void find_query_tile(const int* __restrict__ q
     }
 }
 
+// One 32-key tile of the SIMT attention kernels (attention.cu, attention_decode.cu), after the
+// scores: the online-softmax update of this warp's rows (row i of the warp is query row
+// warp + WARPS * i; rows >= `rows` are skipped; key `key` of this lane counts for row i when
+// key < limit(i)), then o += P . V with this lane's D/32 output dims. P goes through the warp's
+// slice of shared memory `Pw`; `Vt` is the tile's V rows (chunk c of row j at chunk c ^ (j & 7)).
+template <int D, int RPW, int WARPS, int KT, typename Limit>
+static __device__ __forceinline__ void softmax_pv_tile(const float (&s)[RPW], float (&m)[RPW], float (&l)[RPW],
+                                                       float (&o)[RPW][D / 32], float (*Pw)[KT],
+                                                       const bf16 (*Vt)[D], int lane, int warp, int rows, int key,
+                                                       float scale_log2, Limit limit) {
+    constexpr int DPL = D / 32;  // output dims per lane
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) {
+        if (warp + WARPS * i < rows) {
+            const float sc = key < limit(i) ? s[i] * scale_log2 : -INFINITY;
+            const float mn = fmaxf(m[i], warp_max(sc));
+            const float alpha = exp2f(m[i] - mn);
+            const float p = exp2f(sc - mn);
+            m[i] = mn;
+            l[i] = l[i] * alpha + p;
+#pragma unroll
+            for (int d = 0; d < DPL; ++d) o[i][d] *= alpha;
+            Pw[i][lane] = p;
+        }
+    }
+    __syncwarp();
+    // o += P . V ; this lane's dims are [lane*DPL, lane*DPL + DPL)
+    const int vc = (lane * DPL) / 8, vw = (lane * DPL) % 8;
+#pragma unroll 2
+    for (int jj = 0; jj < KT; jj += 4) {
+        float vx[4][DPL];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int j = jj + u;
+            const bf16* vp = &Vt[j][((vc ^ (j & 7)) * 8) + vw];
+            if constexpr (DPL == 4) {
+                const uint2 w2 = *reinterpret_cast<const uint2*>(vp);
+                const float2 a = unpack2(w2.x), bb = unpack2(w2.y);
+                vx[u][0] = a.x;
+                vx[u][1] = a.y;
+                vx[u][2] = bb.x;
+                vx[u][3] = bb.y;
+            } else {
+                static_assert(DPL == 2, "head_dim 64 or 128");
+                const float2 a = unpack2(*reinterpret_cast<const uint32_t*>(vp));
+                vx[u][0] = a.x;
+                vx[u][1] = a.y;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < RPW; ++i) {
+            if (warp + WARPS * i < rows) {
+                const float4 p4 = *reinterpret_cast<const float4*>(&Pw[i][jj]);
+                const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+#pragma unroll
+                    for (int d = 0; d < DPL; ++d) o[i][d] = fmaf(pv[u], vx[u][d], o[i][d]);
+            }
+        }
+    }
+}
+
 // The parameters of every varlen attention entry (attention.cu's attention_dD and
 // attention_prefill.cu's attention_prefill_dD take exactly these), and how an entry passes them on.
 #define KERN_ATT_ARGS                                                                                         \

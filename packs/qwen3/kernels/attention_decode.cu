@@ -238,58 +238,8 @@ __device__ __forceinline__ void decode_impl(
                 }
             }
         }
-        const int key = kc + j * DEC_KT + lane;
-        __syncwarp();
-#pragma unroll
-        for (int i = 0; i < DEC_RPW; ++i) {
-            if (warp + DEC_WARPS * i < G) {
-                const float sc = key < k_end ? s[i] * scale_log2 : -INFINITY;
-                const float mn = fmaxf(m[i], warp_max(sc));
-                const float alpha = exp2f(m[i] - mn);
-                const float p = exp2f(sc - mn);
-                m[i] = mn;
-                l[i] = l[i] * alpha + p;
-#pragma unroll
-                for (int d = 0; d < DPL; ++d) o[i][d] *= alpha;
-                Ps[warp][i][lane] = p;
-            }
-        }
-        __syncwarp();
-        // o += P . V ; this lane's dims are [lane*DPL, lane*DPL + DPL)
-        const int vc = (lane * DPL) / 8, vw = (lane * DPL) % 8;
-#pragma unroll 2
-        for (int jj = 0; jj < DEC_KT; jj += 4) {
-            float vx[4][DPL];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int j = jj + u;
-                const bf16* vp = &Vs[st][j][((vc ^ (j & 7)) * 8) + vw];
-                if constexpr (DPL == 4) {
-                    const uint2 w2 = *reinterpret_cast<const uint2*>(vp);
-                    const float2 a = unpack2(w2.x), bb = unpack2(w2.y);
-                    vx[u][0] = a.x;
-                    vx[u][1] = a.y;
-                    vx[u][2] = bb.x;
-                    vx[u][3] = bb.y;
-                } else {
-                    static_assert(DPL == 2, "head_dim 64 or 128");
-                    const float2 a = unpack2(*reinterpret_cast<const uint32_t*>(vp));
-                    vx[u][0] = a.x;
-                    vx[u][1] = a.y;
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < DEC_RPW; ++i) {
-                if (warp + DEC_WARPS * i < G) {
-                    const float4 p4 = *reinterpret_cast<const float4*>(&Ps[warp][i][jj]);
-                    const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
-#pragma unroll
-                    for (int u = 0; u < 4; ++u)
-#pragma unroll
-                        for (int d = 0; d < DPL; ++d) o[i][d] = fmaf(pv[u], vx[u][d], o[i][d]);
-                }
-            }
-        }
+        softmax_pv_tile<D, DEC_RPW, DEC_WARPS, DEC_KT>(s, m, l, o, Ps[warp], Vs[st], lane, warp, G, kc + j * DEC_KT + lane,
+                                                        scale_log2, [&](int) { return k_end; });
         if (kc + (j + 1) * DEC_KT >= k_end) {
             // ---- the chunk's last tile: its record per head (unnormalized o, m, l)
 #pragma unroll
