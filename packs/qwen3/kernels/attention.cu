@@ -81,12 +81,8 @@ __device__ __forceinline__ void attention_impl(
                 const int qd = tid + i * ATT_THREADS;
                 const int jl = qd / CH, c = qd % CH;
                 const int key = kt * ATT_KT + jl;
-                int page = -1, off = 0;
-                if (key < kmax) {
-                    const int pidx = key / page_tokens;
-                    off = key - pidx * page_tokens;
-                    if (pidx < max_pages) page = bt[pidx];
-                }
+                int off;
+                const int page = kv_page(bt, key, kmax, max_pages, page_tokens, off);
                 const bf16* srck = kv_base;
                 const bf16* srcv = kv_base;
                 if (page >= 0) {

@@ -35,6 +35,19 @@ static __device__ __forceinline__ void unpack8(const uint4& v, float (&x)[8]) {
     }
 }
 
+// The page holding position `key` of a sequence (block table `bt`) and the offset in it, or -1
+// when key >= lim or the page is -1 / beyond the table (the tile loaders zero-fill those).
+static __device__ __forceinline__ int kv_page(const int* bt, int key, int lim, int max_pages, int page_tokens, int& off) {
+    int page = -1;
+    off = 0;
+    if (key < lim) {
+        const int pidx = key / page_tokens;
+        off = key - pidx * page_tokens;
+        if (pidx < max_pages) page = bt[pidx];
+    }
+    return page;
+}
+
 // The work item `work` of a varlen step cut into query tiles of BQ tokens per sequence: a
 // warp-wide scan over query_start (sequences in order, tiles in order within a sequence). Every
 // lane returns the same (seq, tile, tiles of that sequence); seq = -1 when `work` is past the last.

@@ -154,12 +154,8 @@ __device__ __forceinline__ void decode_impl(
             const int qd = tid + i * DEC_THREADS;
             const int jl = qd / CH, c = qd % CH;
             const int key = kbase + jl;
-            int page = -1, off = 0;
-            if (key < kend) {
-                const int pidx = key / page_tokens;
-                off = key - pidx * page_tokens;
-                if (pidx < max_pages) page = bt[pidx];
-            }
+            int off;
+            const int page = kv_page(bt, key, kend, max_pages, page_tokens, off);
             const bf16* srck = kv_base;
             const bf16* srcv = kv_base;
             if (page >= 0) {
