@@ -196,6 +196,92 @@ def ldmatrix_x4(sm, addrs):
     return out
 
 
+# ------------------------------------------------------------------------------ gemm_wide.cu
+def wide_swz(row, ch):
+    return row * 128 + ((ch ^ ((row & 1) << 2)) << 4)
+
+
+def wide(x, W, bias, M, N, K, NT, f32=False):
+    """wide_gemm<NT>: clusters of 8 CTAs (4 warps each) per 64-row block of W; CTA rank r adds
+    the 64-chunks r, r+8, … through a 3-stage shared-memory pipeline (modelled as one stage per
+    chunk: the stage index only picks a buffer), warp w computes m16 tiles 2(w&1)+{0,1} and n8
+    tiles (w>>1)·NT/2 + {0..NT/2-1}; the cluster adds the 8 partials in rank order from 0.0f."""
+    dt = np.float32 if f32 else np.float64
+    y = np.full((M, N), np.nan, dtype=dt)
+    written = np.zeros((M, N), dtype=np.int64)
+    tok_pass, nh, tile = 8 * NT, NT // 2, 64 * 8 * NT
+    kchunks = cdiv(K, 64)
+    for nb in range(cdiv(N, 64)):
+        n0 = nb * 64
+        for m0 in range(0, M, tok_pass):
+            red = np.zeros((8, tile), dtype=dt)
+            for rank in range(8):
+                acc = np.zeros((4, 2, nh, 32, 4), dtype=dt)  # [warp][i][t][lane][e]
+                for c in range(rank, kchunks, 8):
+                    sw, sx = Smem(8192), Smem(tok_pass * 128)
+                    for tid in range(128):
+                        for j in range(4):
+                            e = j * 128 + tid
+                            row, ch = e >> 3, e & 7
+                            k = c * 64 + ch * 8
+                            ok = n0 + row < N and k < K
+                            sw.store16(wide_swz(row, ch), W[n0 + row, k:k + 8] if ok else np.zeros(8))
+                        for j in range(NT // 2):
+                            e = j * 128 + tid
+                            tok, ch = e >> 3, e & 7
+                            k = c * 64 + ch * 8
+                            ok = m0 + tok < M and k < K
+                            sx.store16(wide_swz(tok, ch), x[m0 + tok, k:k + 8] if ok else np.zeros(8))
+                    for warp in range(4):
+                        mp, ng = warp & 1, warp >> 1
+                        for h in range(2):
+                            wa = np.zeros((2, 32, 4, 2))
+                            wb = np.zeros((2, 32, 4, 2))
+                            for i in range(2):
+                                for lane in range(32):
+                                    g, q = lane >> 2, lane & 3
+                                    ra = 16 * (2 * mp + i) + g
+                                    wa[i, lane] = sw.load(wide_swz(ra, 4 * h + q), 8).reshape(4, 2)
+                                    wb[i, lane] = sw.load(wide_swz(ra + 8, 4 * h + q), 8).reshape(4, 2)
+                            for t in range(nh):
+                                xv = np.zeros((32, 4, 2))
+                                for lane in range(32):
+                                    g, q = lane >> 2, lane & 3
+                                    xv[lane] = sx.load(wide_swz(8 * (ng * nh + t) + g, 4 * h + q), 8).reshape(4, 2)
+                                for i in range(2):
+                                    for j in range(2):
+                                        afr = [[wa[i, l, 2 * j], wb[i, l, 2 * j], wa[i, l, 2 * j + 1],
+                                                wb[i, l, 2 * j + 1]] for l in range(32)]
+                                        bfr = [[xv[l, 2 * j], xv[l, 2 * j + 1]] for l in range(32)]
+                                        mma16816(afr, bfr, acc[warp, i, t])
+                for warp in range(4):
+                    for i in range(2):
+                        for t in range(nh):
+                            for e in range(4):
+                                base = (((warp * 2 + i) * nh + t) * 4 + e) * 32
+                                red[rank, base:base + 32] = acc[warp, i, t, :, e]
+            owners = np.zeros(tile, dtype=np.int64)
+            for rank in range(8):
+                for tid in range(128):
+                    for idx in range(rank * 128 + tid, tile, 8 * 128):
+                        owners[idx] += 1
+                        ln, r = idx & 31, idx >> 5
+                        e, r = r & 3, r >> 2
+                        t, r = r % nh, r // nh
+                        i, w = r & 1, r >> 1
+                        row = n0 + 16 * (2 * (w & 1) + i) + (ln >> 2) + (8 if e & 2 else 0)
+                        tok = m0 + 8 * ((w >> 1) * nh + t) + 2 * (ln & 3) + (e & 1)
+                        if row < N and tok < M:
+                            sacc = dt(0.0)
+                            for cr in range(8):
+                                sacc = dt(sacc + red[cr, idx])
+                            y[tok, row] = dt(sacc + (dt(bias[row]) if bias is not None else dt(0.0)))
+                            written[tok, row] += 1
+            assert (owners == 1).all(), "a wide accumulator is finalised twice or never"
+    assert (written == 1).all(), "a wide output is written twice or never"
+    return y
+
+
 # ------------------------------------------------------------------------------ gemm_bf16.cu
 def tile_coords(bx, by, gx, gy, group=16):
     lin = by * gx + bx
@@ -383,6 +469,25 @@ def main():
         fails += not ok
         print(f"{'PASS' if ok else 'FAIL'} skinny bit identity W{WARPS} C{C} N={N} K={K}: rows of "
               f"gemv(M=1,5)/m16(M=11)/m32(M=17)/m64(M=40) identical; other split differs={sensitive}", flush=True)
+    # gemm_wide.cu (gemm_bf16_w16/w32/w64): correct, and bit-identical to the 8-warp family
+    for (M, N, K, NT) in [(9, 72, 1000, 2), (20, 130, 520, 4), (40, 64, 1480, 8), (70, 17, 72, 8), (3, 200, 8, 2)]:
+        x, W = rng.standard_normal((M, K)), rng.standard_normal((N, K))
+        b = rng.standard_normal(N) if M % 2 else None
+        check(f"wide NT={NT}", wide(x, W, b, M, N, K, NT), x, W, b)
+    for (N, K) in [(72, 1480), (130, 2056)]:
+        xs = bf16r(rng.standard_normal((40, K)))
+        W = bf16r(rng.standard_normal((N, K)) * 0.05)
+        b = bf16r(rng.standard_normal(N) * 0.1)
+        ref = skinny(xs, W, b, 40, N, K, 8, 2, f32=True)
+        ok = True
+        for NT, M in ((2, 13), (4, 29), (8, 40)):
+            yv = wide(xs[:M], W, b, M, N, K, NT, f32=True)
+            same = np.array_equal(yv.view(np.uint32), ref[:M].view(np.uint32))
+            ok &= same
+            if not same:
+                print(f"   wide NT={NT} M={M} differs from gemm_bf16_m64 in {int((yv != ref[:M]).sum())} elements")
+        fails += not ok
+        print(f"{'PASS' if ok else 'FAIL'} wide bit identity N={N} K={K}: w16/w32/w64 rows == 8-warp m64 rows", flush=True)
     for (M, N, K) in [(130, 136, 72), (5, 200, 1000), (257, 129, 136)]:
         x, W = rng.standard_normal((M, K)), rng.standard_normal((N, K))
         b = rng.standard_normal(N)

@@ -70,6 +70,14 @@ for _c in SPLITS:
         for _f32 in (False, True):
             ENTRIES[f"{_base}_c{_c}" + ("_f32out" if _f32 else "")] = (
                 "gemm_skinny", lambda M, N, c=_c: (cdiv(N, 16) * c, 1, 1), 128, 0, _f32, _rows)
+# gemm_wide.cu: clusters of 8 CTAs of 4 warps per 64 W rows, bit-identical to the 8-warp family.
+WIDE = [("gemm_bf16_w16", 16), ("gemm_bf16_w32", 32), ("gemm_bf16_w64", 64)]
+for _base, _rows in WIDE:
+    for _f32 in (False, True):
+        ENTRIES[_base + ("_f32out" if _f32 else "")] = (
+            "gemm_wide", lambda M, N: (cdiv(N, 64) * 8, 1, 1), 128, 0, _f32, _rows)
+# The worker of a stem also loads these stems' entries (the identity check compares across files).
+EXTRA_STEMS = {"gemm_skinny": ["gemm_wide"]}
 
 
 def skinny_split(N, K):
@@ -127,9 +135,14 @@ class Worker:
               f"numpy {np.__version__}", flush=True)
         self.stream = torch.cuda.current_stream()
         self.cstream = cupy.cuda.ExternalStream(self.stream.cuda_stream)
-        path = os.path.join(cubin_dir, stem + ".sm_90a.cubin")
         self.stem = stem
         self.fns = {}
+        for st in [stem] + EXTRA_STEMS.get(stem, []):
+            self.load(cubin_dir, st)
+
+    def load(self, cubin_dir, stem):
+        cupy = self.cupy
+        path = os.path.join(cubin_dir, stem + ".sm_90a.cubin")
         if not os.path.exists(path):
             emit("missing", stem=stem, entry=None, error="no file " + path)
             return
@@ -236,10 +249,16 @@ class Worker:
         runs = [("gemv_bf16", 1), ("gemv_bf16", 1), ("gemv_bf16", 3), ("gemv_bf16", 8), ("gemm_bf16_m16", 13),
                 ("gemm_bf16_m16", 16), ("gemm_bf16_m32", 20), ("gemm_bf16_m32", 32), ("gemm_bf16_m64", 40),
                 ("gemm_bf16_m64", 64)]
+        # the wide entries (gemm_wide.cu) belong to the 8-warp family: same bits by construction
+        wide_runs = [("gemm_bf16_w16", 13), ("gemm_bf16_w16", 16), ("gemm_bf16_w32", 20), ("gemm_bf16_w32", 32),
+                     ("gemm_bf16_w64", 40), ("gemm_bf16_w64", 64)]
         for fam in [""] + [f"_c{c}" for c in SPLITS]:
             for f32 in (False, True):
                 sfx = fam + ("_f32out" if f32 else "")
-                if any(base + sfx not in self.fns for base, _ in runs):
+                fam_runs = runs if fam else runs[:-1] + wide_runs + runs[-1:]
+                if any(base + sfx not in self.fns for base, _ in fam_runs):
+                    emit("ident", family=sfx or "8warp", N=0, K=0, ok=False,
+                         detail=["entries missing: " + ", ".join(b + sfx for b, _ in fam_runs if b + sfx not in self.fns)])
                     continue
                 for ci, (N, K) in enumerate(shapes):
                     x = torch.randn(64, K, generator=g, device=self.dev).to(torch.bfloat16)
@@ -248,7 +267,7 @@ class Worker:
                     dt, it = (torch.float32, torch.int32) if f32 else (torch.bfloat16, torch.int16)
                     outs = []
                     try:
-                        for base, M in runs:
+                        for base, M in fam_runs:
                             y = torch.full((M, N), float("nan"), dtype=dt, device=self.dev)
                             self.launch(base + sfx, x[:M].contiguous(), W, b, y, M, N, K)
                             outs.append((f"{base}{sfx} M={M}", y))
@@ -335,15 +354,23 @@ class Worker:
         if self.stem == "gemm_skinny":
             if self.quick:
                 dec = [d for d in DECODE_SHAPES if d[0] in ("0.6B o", "4B down", "4B lm_head")]
+            if self.shapes:
+                dec = [d for d in DECODE_SHAPES if d[0] in self.shapes]
             for (label, N, K) in dec:
                 f32 = N == 151936
                 sfx = "_f32out" if f32 else ""
                 for M in (1, 8):
+                    if self.ms and M not in self.ms:
+                        continue
                     names = [f"gemv_bf16{sfx}"] + [f"gemv_bf16_c{c}{sfx}" for c in SPLITS] + \
                             ([] if f32 else ["gemv_bf16_pf"])
                     self.bench_one(names, M, N, K, g, "bw", label=label)
                 for M, base in ((16, "gemm_bf16_m16"), (32, "gemm_bf16_m32"), (64, "gemm_bf16_m64")):
-                    self.bench_one([base + sfx, skinny_entry(base, N, K, f32)], M, N, K, g, "bw", label=label)
+                    if self.ms and M not in self.ms:
+                        continue
+                    wide = {16: "gemm_bf16_w16", 32: "gemm_bf16_w32", 64: "gemm_bf16_w64"}[M]
+                    self.bench_one([base + sfx, wide + sfx, skinny_entry(base, N, K, f32)], M, N, K, g, "bw",
+                                   label=label)
         elif self.stem == "gemm_bf16":
             for (N, K) in PREFILL_SHAPES[:3]:
                 for M in (16, 64):
@@ -365,6 +392,8 @@ class Worker:
 def worker_main(args):
     print(f"BEGIN worker {args.stem}", flush=True)
     w = Worker(args.dir, args.stem, args.quick, not args.no_bench)
+    w.shapes = [x for x in args.shapes.split(",") if x] if args.shapes else None
+    w.ms = [int(x) for x in args.ms.split(",") if x] if args.ms else None
     try:
         w.correctness()
         w.identity()
@@ -387,12 +416,16 @@ def worker_main(args):
 # ----------------------------------------------------------------------------------- parent
 def run_workers(args):
     results, logs = [], []
-    for stem in STEMS:
+    for stem in args.stems.split(",") if args.stems else STEMS:
         cmd = [sys.executable, os.path.abspath(__file__), args.dir, "--worker", "--stem", stem]
         if args.quick:
             cmd.append("--quick")
         if args.no_bench:
             cmd.append("--no-bench")
+        if args.shapes:
+            cmd += ["--shapes", args.shapes]
+        if args.ms:
+            cmd += ["--ms", args.ms]
         print(f"--- worker {stem}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.time()
         try:
@@ -496,7 +529,7 @@ def decode_table(benches):
         return
     print(f"\n-- decode GB/s (weight bytes / time; copy ceiling {COPY_BW / 1e12:.2f} TB/s); chosen = the C the split rule "
           f"skinny_split(N, K) would pick (the manifest uses the 8-warp family)")
-    print(f"{'shape':14s} {'N':>6s} {'K':>6s} {'M':>3s} {'8-warp':>7s} {'C=1':>7s} {'C=2':>7s} {'C=4':>7s} "
+    print(f"{'shape':14s} {'N':>6s} {'K':>6s} {'M':>3s} {'8-warp':>7s} {'wide':>7s} {'C=1':>7s} {'C=2':>7s} {'C=4':>7s} "
           f"{'chosen':>9s} {'%copy':>6s} {'torch':>7s} {'vs torch':>8s}")
     for (label, N, K, M), es in rows.items():
         any_r = next(iter(es.values()))
@@ -515,7 +548,9 @@ def decode_table(benches):
         c = skinny_split(N, K)
         chosen = gbs(f"{base}_c{c}{sfx}")
         torch_gbs = any_r["wbytes"] / any_r["t_torch"] / 1e9
-        print(f"{label:14s} {N:6d} {K:6d} {M:3d} {cell(gbs(base + sfx))} {cell(gbs(f'{base}_c1{sfx}'))} "
+        wide = {16: "gemm_bf16_w16", 32: "gemm_bf16_w32", 64: "gemm_bf16_w64"}.get(M)
+        print(f"{label:14s} {N:6d} {K:6d} {M:3d} {cell(gbs(base + sfx))} {cell(gbs(wide + sfx) if wide else None)} "
+              f"{cell(gbs(f'{base}_c1{sfx}'))} "
               f"{cell(gbs(f'{base}_c2{sfx}'))} {cell(gbs(f'{base}_c4{sfx}'))} "
               f"{('C=%d ' % c) + (f'{chosen:4.0f}' if chosen else '   -'):>9s} "
               f"{(chosen or 0) / (COPY_BW / 1e9) * 100:5.0f}% {torch_gbs:7.0f} "
@@ -529,6 +564,9 @@ def main():
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--inline", action="store_true", help="run the workers in this process")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per worker (one per cubin)")
+    ap.add_argument("--stems", default=None, help="comma list of cubin stems to test (default: all)")
+    ap.add_argument("--shapes", default=None, help="comma list of decode shape labels to time, e.g. '4B o,4B down'")
+    ap.add_argument("--ms", default=None, help="comma list of M values to time among 1,8,16,32,64")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--stem", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -130,6 +130,10 @@ GEMM_ENTRIES = {
     "gemm_bf16_m32_f32out": ("gemm_skinny", "skinny", None, True),
     "gemm_bf16_m64": ("gemm_skinny", "skinny", None, False),
     "gemm_bf16_m64_f32out": ("gemm_skinny", "skinny", None, True),
+    "gemm_bf16_w16": ("gemm_wide", "wide", None, False),
+    "gemm_bf16_w32_f32out": ("gemm_wide", "wide", None, True),
+    "gemm_bf16_w64": ("gemm_wide", "wide", None, False),
+    "gemm_bf16_w64_f32out": ("gemm_wide", "wide", None, True),
     "gemm_bf16": ("gemm_bf16", "mma", None, False),
     "gemm_bf16_f32out": ("gemm_bf16", "mma", None, True),
     "gemm_bf16_wgmma": ("gemm_wgmma", "wgmma", 256, False),
@@ -828,6 +832,9 @@ GEMM_CASES = [  # entry, M, N, K, bias   (N, K not multiples of the tiles; K % 8
     ("gemm_bf16_m32", 64, 1000, 264, True), ("gemm_bf16_m32_f32out", 7, 72, 1000, False),
     ("gemm_bf16_m64", 64, 1000, 1000, True), ("gemm_bf16_m64_f32out", 64, 1000, 1000, False),
     ("gemm_bf16_m64", 300, 1000, 264, False),
+    ("gemm_bf16_w16", 13, 1000, 1000, True), ("gemm_bf16_w32_f32out", 20, 72, 2560, False),
+    ("gemm_bf16_w64", 64, 1000, 1000, True), ("gemm_bf16_w64_f32out", 40, 1000, 1000, False),
+    ("gemm_bf16_w64", 300, 1000, 264, False),
     ("gemm_bf16", 1, 1000, 1000, True), ("gemm_bf16", 7, 72, 2560, False), ("gemm_bf16", 64, 1000, 1000, False),
     ("gemm_bf16", 300, 1000, 1000, True), ("gemm_bf16_f32out", 300, 1000, 1000, False),
     ("gemm_bf16_f32out", 1, 1000, 2560, True),
@@ -843,14 +850,17 @@ def gemm_cases():
     for ci, (entry, M, N, K, bias) in enumerate(GEMM_CASES):
         stem, kind, BN, f32 = GEMM_ENTRIES[entry]
         shape = f"M={M} N={N} K={K} bias={'yes' if bias else 'no'}{' fp32 out' if f32 else ''}"
+        block = 256
         if kind == "skinny":   # grid = [ceil(N/16), 1, 1], block 256, no dynamic shared memory
             grid, shared = [cdiv(N, 16), 1, 1], 0
+        elif kind == "wide":   # grid = [ceil(N/64)*8, 1, 1] (clusters of 8), block 128, static shared only
+            grid, shared, block = [cdiv(N, 64) * 8, 1, 1], 0, 128
         elif kind == "mma":    # grid = [ceil(M/128), ceil(N/128), 1], block 256, 98304 B dynamic shared
             grid, shared = ["ceil(tokens/128)", cdiv(N, 128), 1], 98304
         else:                  # grid = [ceil(M/128), ceil(N/BN), 1], block 256, 197632 B dynamic shared
             grid, shared = ["ceil(tokens/128)", cdiv(N, BN), 1], 197632
         op = SingleOp(f"single-op {entry} {shape}", stem, entry, gemm_sig(bias, f32), {"tokens": M},
-                      grid=grid, block=[256, 1, 1], shared=shared)
+                      grid=grid, block=[block, 1, 1], shared=shared)
         op.buf("x", "bf16", ["tokens", K], "input").buf("W", "bf16", [N, K], "input")
         if bias:
             op.buf("bias", "bf16", [N], "input")
