@@ -83,6 +83,12 @@ pub struct Args {
     /// inputs stay bf16) or `bf16` (rounded after every add, as transformers' bf16 forward).
     #[arg(long, value_name = "DTYPE", default_value = "f32")]
     residual: kern_pack_qwen3::Residual,
+    /// GEMMs of steps with 9..64 rows (batched decode, speculative verify steps): `wide`, the
+    /// default (gemm_wide.cu: a cluster of 8 CTAs per 64 weight rows, so x is read once per 64
+    /// rows of W) or `skinny` (gemm_bf16_m16/m32/m64: each 16 weight rows read every row of x).
+    /// Both give a row the same bits as the batch-1 GEMV (packs/qwen3/GEMM.md).
+    #[arg(long, value_name = "KIND", default_value = "wide")]
+    batch_gemm: kern_pack_qwen3::BatchGemm,
 }
 
 pub(crate) fn model_type(config: &Path) -> Result<String> {
@@ -110,6 +116,7 @@ fn options(args: &Args) -> kern_pack_qwen3::PackOptions {
         prefill_attention: args.prefill_attention,
         pdl: args.pdl,
         residual: args.residual,
+        batch_gemm: args.batch_gemm,
     }
 }
 
@@ -353,6 +360,17 @@ mod tests {
         assert_eq!(r(&["--residual", "bf16"]).unwrap(), Residual::Bf16);
         let e = r(&["--residual", "f64"]).unwrap_err();
         assert!(e.contains("unknown residual dtype `f64`") && e.contains("bf16"), "{e}");
+    }
+
+    #[test]
+    fn kern_pack_batch_gemm_option() {
+        use kern_pack_qwen3::BatchGemm;
+        let r = |rest: &[&str]| parse(&[&["--config", "config.json", "-o", "out"][..], rest].concat()).map(|a| options(&a).batch_gemm);
+        assert_eq!(r(&[]).unwrap(), BatchGemm::Wide);
+        assert_eq!(r(&["--batch-gemm", "skinny"]).unwrap(), BatchGemm::Skinny);
+        assert_eq!(r(&["--batch-gemm", "wide"]).unwrap(), BatchGemm::Wide);
+        let e = r(&["--batch-gemm", "cublas"]).unwrap_err();
+        assert!(e.contains("unknown batch GEMM `cublas`") && e.contains("skinny"), "{e}");
     }
 
     #[test]

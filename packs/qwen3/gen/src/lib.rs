@@ -18,7 +18,7 @@ pub mod manifest;
 pub mod random;
 
 pub use config::{Config, PRESETS};
-pub use manifest::{generate, generate_for_gguf, DecodeAttention, Draft, DraftKind, PackOptions, PrefillAttention, Residual};
+pub use manifest::{generate, generate_for_gguf, BatchGemm, DecodeAttention, Draft, DraftKind, PackOptions, PrefillAttention, Residual};
 
 /// The `model_type` values this pack serves.
 pub const MODEL_TYPES: &[&str] = &["qwen3", "qwen2"];

@@ -53,6 +53,10 @@ pub struct PackOptions {
     /// every GEMM's input, are still bf16; [`Residual::Bf16`] rounds it to bf16 after every
     /// add, as transformers' bf16 forward does.
     pub residual: Residual,
+    /// The GEMM kernels of steps with 9..64 rows (`--batch-gemm`): [`BatchGemm::Wide`] (the
+    /// default) runs `gemm_wide.cu`'s cluster kernels, [`BatchGemm::Skinny`] the 8-warp
+    /// `gemm_bf16_m16/m32/m64`. Both give the same bits as the decode GEMV (GEMM.md).
+    pub batch_gemm: BatchGemm,
 }
 
 impl Default for PackOptions {
@@ -69,6 +73,7 @@ impl Default for PackOptions {
             prefill_attention: PrefillAttention::Tc,
             pdl: false,
             residual: Residual::F32,
+            batch_gemm: BatchGemm::Wide,
         }
     }
 }
@@ -110,6 +115,47 @@ impl std::fmt::Display for Residual {
         })
     }
 }
+
+/// The GEMMs of steps with 9..64 rows (`--batch-gemm`): batched decode, speculative verify
+/// steps, small prefill chunks. Steps of 1..8 rows always run the GEMV `gemv_bf16`, larger ones
+/// the wgmma kernels; every choice here reproduces the GEMV's bits for a row (GEMM.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BatchGemm {
+    /// `skinny`: `gemm_bf16_m16/m32/m64` (gemm_skinny.cu): one CTA per 16 weight rows, whose
+    /// 8 warps split K, so each CTA reads every row of x (x traffic 4× the weights at 64 rows).
+    Skinny,
+    /// `wide` (the default): `gemm_bf16_w16/w32/w64` (gemm_wide.cu): a cluster of 8 CTAs per
+    /// 64 weight rows, CTA rank v taking the K chunks warp v of the 8-warp family takes.
+    #[default]
+    Wide,
+}
+
+/// The values `--batch-gemm` takes, for error messages and help.
+pub const BATCH_GEMM_KINDS: &str = "wide (the default: gemm_wide.cu, clusters of 8 CTAs per 64 weight rows), skinny (gemm_bf16_m16/m32/m64)";
+
+impl std::str::FromStr for BatchGemm {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "skinny" => Ok(BatchGemm::Skinny),
+            "wide" => Ok(BatchGemm::Wide),
+            _ => Err(format!("unknown batch GEMM `{s}`: supported: {BATCH_GEMM_KINDS}")),
+        }
+    }
+}
+
+impl std::fmt::Display for BatchGemm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BatchGemm::Skinny => "skinny",
+            BatchGemm::Wide => "wide",
+        })
+    }
+}
+
+/// The module of the wide batch GEMMs (`--batch-gemm wide`).
+pub const WIDE_MODULE: &str = "gemm_wide";
 
 /// Prefill attention (`--prefill-attention`): which kernel attends for steps with
 /// `tokens > seqs` (some row has more than one new token: prefill chunks, mixed steps).
@@ -219,9 +265,16 @@ pub const DECODE_MODULE: &str = "attention_decode";
 /// `chunk = max(DECODE_MIN_CHUNK, round_up(ceil(kmax / decode_max_chunks(Hkv)), 32))` keys — a
 /// rule of the row and the model only, so a row's bits never depend on the step it runs in — and
 /// the step's grid has `Z = decode_splits(seqs, Hkv)` CTAs per (row, kv head), each taking the
-/// chunks `z, z + Z, …`: `Z` aims at `DECODE_TARGET_CTAS` CTAs per step — about two per SM of
-/// the H200's 132 (the kernel fits five per SM). `packs/qwen3/tests` use the same numbers.
+/// chunks `z, z + Z, …`. `decode_max_chunks` aims a batch-1 row at `DECODE_TARGET_CTAS` CTAs —
+/// about two per SM of the H200's 132 (the kernel fits five per SM); `packs/qwen3/tests` use the
+/// same numbers. Larger steps aim at `DECODE_GRID_CTAS`.
 pub const DECODE_TARGET_CTAS: u64 = 264;
+/// The CTAs a decode step's grid aims at (`Z = ceil(DECODE_GRID_CTAS / (seqs · Hkv))`, at most
+/// `decode_max_chunks`). With 264 (the first rule) a batch-64 step of Qwen3-4B had Z = 1: each CTA
+/// walked its row's chunks one after the other (attention 2.99 ms of a 4B batch-64 step at
+/// 256-token contexts, docs/performance.md). 2048 gives that step Z = 4, one CTA per chunk of a
+/// 256-key row; a CTA past its row's last chunk exits after reading the row's length.
+pub const DECODE_GRID_CTAS: u64 = 2048;
 /// The most chunks per (row, kv head) (the kernel takes up to 128).
 pub const DECODE_MAX_SPLITS: u64 = 64;
 /// The fewest keys in one chunk (rounded up to 32 by the kernel).
@@ -233,13 +286,13 @@ pub const DECODE_MAX_GROUP: u64 = 16;
 /// gives every chunk its own CTA and fills the GPU. A constant of the model (its per-rank kv
 /// heads), never of the step.
 pub fn decode_max_chunks(hkv: u64) -> u64 {
-    decode_splits(1, hkv)
+    DECODE_TARGET_CTAS.div_ceil(hkv).clamp(1, DECODE_MAX_SPLITS)
 }
 
 /// The grid's z size (CTAs per row and kv head) of a decode step with `seqs` rows and `hkv` kv
 /// heads, as the manifest's grid computes it: occupancy only, never the results.
 pub fn decode_splits(seqs: u64, hkv: u64) -> u64 {
-    DECODE_TARGET_CTAS.div_ceil(seqs * hkv).clamp(1, DECODE_MAX_SPLITS)
+    DECODE_GRID_CTAS.div_ceil(seqs * hkv).clamp(1, decode_max_chunks(hkv))
 }
 
 /// Floats of the split kernel's scratch (`attn_partial`) for every decode step the vars allow
@@ -373,9 +426,11 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     let mut modules = Map::new();
     let split = (opts.decode_attention == DecodeAttention::Split).then_some(DECODE_MODULE);
     let prefill_tc = (opts.prefill_attention == PrefillAttention::Tc).then_some(PREFILL_MODULE);
+    // The wide GEMMs run for 9..64 rows: only when a step can have 9 rows (tokens, or seqs for the LM head).
+    let wide = (opts.batch_gemm == BatchGemm::Wide && opts.max_tokens.max(opts.max_seqs) >= 9).then_some(WIDE_MODULE);
     // With split decode and tensor-core prefill, attention_dD runs for no step size.
     let unused = |m: &&str| *m == "attention" && split.is_some() && prefill_tc.is_some();
-    for m in MODULES.iter().copied().filter(|m| !unused(m)).chain(split).chain(prefill_tc) {
+    for m in MODULES.iter().copied().filter(|m| !unused(m)).chain(split).chain(prefill_tc).chain(wide) {
         // With --pdl, the build of each non-GEMM module whose kernels wait first (the GEMM
         // kernels always wait after their weight prefetch).
         let file = if opts.pdl && !m.starts_with("gemm_") { format!("{m}.pdl.sm_90a.cubin") } else { format!("{m}.sm_90a.cubin") };
@@ -490,8 +545,9 @@ fn input(dtype: &str, shape: Value) -> Value {
 /// depend on M, so a row's bits do not depend on which range ran (speculative verification =
 /// plain decoding). The cluster family `*_cC` (split-K over a thread-block cluster) is built
 /// and verified but measured slower at M = 1 on the narrow shapes it was made for (GEMM.md,
-/// 2026-12-02), so no manifest uses it.
-fn gemm_launches(n: u64, k: u64, m: &str, m_max: u64, f32_out: bool) -> Vec<Value> {
+/// 2026-12-02), so no manifest uses it. With [`BatchGemm::Wide`] the 9..64 ranges run
+/// gemm_wide.cu's entries instead (clusters of 8 CTAs, grid `ceil(N/64)·8`), same bits.
+fn gemm_launches(n: u64, k: u64, m: &str, m_max: u64, f32_out: bool, batch: BatchGemm) -> Vec<Value> {
     let sfx = if f32_out { "_f32out" } else { "" };
     let out = if f32_out { "out buffer<f32>" } else { "out buffer<bf16>" };
     // 1 when lo <= m <= hi, else 0 (integer expressions have no comparisons).
@@ -515,10 +571,16 @@ fn gemm_launches(n: u64, k: u64, m: &str, m_max: u64, f32_out: bool) -> Vec<Valu
     let (wg, bn) = if n >= 4096 { ("gemm_bf16_wgmma", 256) } else { ("gemm_bf16_wgmma_n128", 128) };
     // Only the ranges the var can reach: a launch that could never run is an error.
     let mut out = Vec::new();
+    // 128 threads, clusters of 8 CTAs (__cluster_dims__): ceil(n/64)·8 CTAs.
+    let wide = |entry: &str, lo: u64, hi: u64| launch(WIDE_MODULE, format!("{entry}{sfx}"), json!([format!("ceil({n}/64) * 8 * {}", within(lo, Some(hi)))]), 128, 0);
     for (entry, lo, hi) in [("gemv_bf16", 1, 8), ("gemm_bf16_m16", 9, 16), ("gemm_bf16_m32", 17, 32), ("gemm_bf16_m64", 33, 64)] {
-        if lo <= m_max {
-            out.push(skinny(entry, lo, hi));
+        if lo > m_max {
+            continue;
         }
+        out.push(match (batch, lo) {
+            (BatchGemm::Wide, 9..) => wide(&entry.replace("_m", "_w"), lo, hi),
+            _ => skinny(entry, lo, hi),
+        });
     }
     if m_max >= 65 {
         out.push(launch("gemm_wgmma", format!("{wg}{sfx}"), json!([format!("ceil({m}/128) * {}", within(65, None)), format!("ceil({n}/{bn})")]), 256, 197632));
@@ -696,7 +758,7 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         }
         // The grid's z (CTAs per row and kv head, decode_splits) is for occupancy only: the
         // kernel's chunking is fixed by the row and the constant max_chunks (its last arg).
-        let splits = format!("min({DECODE_MAX_SPLITS}, cdiv({DECODE_TARGET_CTAS}, seqs * {}))", d.hkv);
+        let splits = format!("min({}, cdiv({DECODE_GRID_CTAS}, seqs * {}))", decode_max_chunks(d.hkv), d.hkv);
         let mut params = params;
         params.as_array_mut().expect("array").push(json!("out buffer<f32>"));
         json!({"params": params, "impl": {"launches": [
@@ -728,11 +790,11 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
             "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"i32": d.h}, {"f32": eps}]}]}},
         "add_rms_norm": add_rms_norm("tokens", d.h, eps, opts.residual),
         "add_rms_norm_last": add_rms_norm("seqs", d.h, eps, opts.residual),
-        "qkv_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.qkv, d.h, "tokens", opts.max_tokens, false)}},
-        "o_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.hq * d.d, "tokens", opts.max_tokens, false)}},
-        "gate_up_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(2 * d.i, d.h, "tokens", opts.max_tokens, false)}},
-        "down_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.i, "tokens", opts.max_tokens, false)}},
-        "lm_head": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<f32>", "i32"], "impl": {"launches": gemm_launches(d.v, d.h, "seqs", opts.max_seqs, true)}},
+        "qkv_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.qkv, d.h, "tokens", opts.max_tokens, false, opts.batch_gemm)}},
+        "o_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.hq * d.d, "tokens", opts.max_tokens, false, opts.batch_gemm)}},
+        "gate_up_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(2 * d.i, d.h, "tokens", opts.max_tokens, false, opts.batch_gemm)}},
+        "down_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.i, "tokens", opts.max_tokens, false, opts.batch_gemm)}},
+        "lm_head": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<f32>", "i32"], "impl": {"launches": gemm_launches(d.v, d.h, "seqs", opts.max_seqs, true, opts.batch_gemm)}},
         "qk_norm_rope": rope_op(d.layers),
         "attention": attention_op(d.layers),
         "swiglu": {"params": ["out buffer<bf16>", "in buffer<bf16>", "i32"], "impl": {"launches": [{

@@ -77,6 +77,8 @@ fn split_decode_attention_passes_kern_check_and_runs_for_one_token_steps_only() 
         }
         // Batch 1 fills the GPU: about two CTAs per SM, every chunk its own CTA.
         assert_eq!(decode_splits(1, hkv), max_chunks, "{name}");
+        // A batch-64 step of 8 kv heads has one CTA per chunk of a 256-key row (4 chunks of 64).
+        assert_eq!(decode_splits(64, 8), 4);
         assert!(max_chunks * hkv >= 128, "{name}");
         // Every layer's attention call passes the scratch.
         let id = m.buffer("attn_partial").unwrap();
