@@ -47,7 +47,6 @@ namespace {
 constexpr int kWideRows = 64;   // W rows (outputs) per cluster
 constexpr int kWideChunk = 64;  // K elements per chunk
 constexpr int kWideSplit = 8;   // CTAs per cluster = warps of the 8-warp skinny family
-constexpr int kWideStages = 3;
 constexpr int kWideThreads = 128;
 
 __device__ __forceinline__ uint32_t wide_ctarank() {
@@ -77,10 +76,21 @@ __device__ __forceinline__ uint32_t wide_swz(int row, int ch) {
   return static_cast<uint32_t>(row * 128 + ((ch ^ ((row & 1) << 2)) << 4));
 }
 
-template <int NT, typename OutT>
+// 16-byte global -> shared copy of a weight piece with an L2 prefetch of the surrounding 256
+// bytes (the cluster's neighbour CTA reads the next 128 bytes of the row); zero-fill when !valid.
+__device__ __forceinline__ void cp_async_16_l2_256(uint32_t dst, const void* src, bool valid) {
+  const int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
+               : "memory");
+}
+
+// STAGES: pipeline depth (3: 48 KB static shared at NT = 8; more need dynamic shared, see the
+// entries). PF: weight copies with the L2::256B prefetch hint.
+template <int NT, int STAGES, bool PF, typename OutT>
 __device__ __forceinline__ void wide_gemm(const bf16* __restrict__ x, const bf16* __restrict__ W,
                                           const bf16* __restrict__ bias, OutT* __restrict__ y, int M, int N,
-                                          int K) {
+                                          int K, unsigned char* smem) {
+  constexpr int kWideStages = STAGES;
   constexpr int kTok = 8 * NT;                       // tokens per pass
   constexpr int kWBytes = kWideRows * kWideChunk * 2;  // 8 KB
   constexpr int kXBytes = kTok * kWideChunk * 2;
@@ -88,7 +98,6 @@ __device__ __forceinline__ void wide_gemm(const bf16* __restrict__ x, const bf16
   constexpr int kNH = NT / 2;                        // n8 tiles per warp
   constexpr int kTile = kWideRows * kTok;            // outputs per pass = floats of one partial
   static_assert(kTile * 4 <= kWideStages * kStage, "partials must fit over the stages");
-  __shared__ __align__(128) unsigned char smem[kWideStages * kStage];
   float* red = reinterpret_cast<float*>(smem);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -107,7 +116,10 @@ __device__ __forceinline__ void wide_gemm(const bf16* __restrict__ x, const bf16
       const int e = j * kWideThreads + tid, row = e >> 3, ch = e & 7;
       const int k = c * kWideChunk + ch * 8;
       const bool ok = n0 + row < N && k < K;
-      cp_async_16(dst + wide_swz(row, ch), ok ? W + (long long)(n0 + row) * K + k : W, ok);
+      if constexpr (PF)
+        cp_async_16_l2_256(dst + wide_swz(row, ch), ok ? W + (long long)(n0 + row) * K + k : W, ok);
+      else
+        cp_async_16(dst + wide_swz(row, ch), ok ? W + (long long)(n0 + row) * K + k : W, ok);
     }
   };
   auto load_x = [&](int stage, int c, int m0) {
@@ -217,11 +229,22 @@ __device__ __forceinline__ void wide_gemm(const bf16* __restrict__ x, const bf16
 
 }  // namespace
 
+// 3 stages, static shared memory (30 / 36 / 48 KB): the manifest's entries.
 #define KGEMM_WIDE_ENTRY(NAME, NT, OUT)                                                             \
   extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, 4)                   \
       NAME(const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* bias, OUT* y, int M, \
            int N, int K) {                                                                          \
-    wide_gemm<NT, OUT>(x, W, bias, y, M, N, K);                                                     \
+    __shared__ __align__(128) unsigned char smem[3 * (8192 + NT * 1024)];                           \
+    wide_gemm<NT, 3, false, OUT>(x, W, bias, y, M, N, K, smem);                                     \
+  }
+// Experimental timing variants (gemm_verify.py): deeper pipelines in dynamic shared memory
+// (STAGES · (8 + NT) KB; the launch must pass that size) and the L2::256B weight prefetch.
+#define KGEMM_WIDE_DYN(NAME, NT, STAGES, PF, MINB)                                                  \
+  extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, MINB)                \
+      NAME(const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* bias, __nv_bfloat16* y, \
+           int M, int N, int K) {                                                                   \
+    extern __shared__ __align__(128) unsigned char dsmem[];                                         \
+    wide_gemm<NT, STAGES, PF, __nv_bfloat16>(x, W, bias, y, M, N, K, dsmem);                        \
   }
 
 KGEMM_WIDE_ENTRY(gemm_bf16_w16, 2, __nv_bfloat16)
@@ -230,3 +253,7 @@ KGEMM_WIDE_ENTRY(gemm_bf16_w32, 4, __nv_bfloat16)
 KGEMM_WIDE_ENTRY(gemm_bf16_w32_f32out, 4, float)
 KGEMM_WIDE_ENTRY(gemm_bf16_w64, 8, __nv_bfloat16)
 KGEMM_WIDE_ENTRY(gemm_bf16_w64_f32out, 8, float)
+KGEMM_WIDE_DYN(gemm_bf16_w64_pf, 8, 3, true, 4)    // 49152 bytes dynamic
+KGEMM_WIDE_DYN(gemm_bf16_w64_s4, 8, 4, true, 3)    // 65536
+KGEMM_WIDE_DYN(gemm_bf16_w64_s6, 8, 6, true, 2)    // 98304
+KGEMM_WIDE_DYN(gemm_bf16_w32_s6, 4, 6, true, 3)    // 73728

@@ -76,6 +76,10 @@ for _base, _rows in WIDE:
     for _f32 in (False, True):
         ENTRIES[_base + ("_f32out" if _f32 else "")] = (
             "gemm_wide", lambda M, N: (cdiv(N, 64) * 8, 1, 1), 128, 0, _f32, _rows)
+# Timing variants (bf16 out only): deeper pipelines in dynamic shared memory, L2::256B prefetch.
+for _name, _rows, _smem in [("gemm_bf16_w64_pf", 64, 49152), ("gemm_bf16_w64_s4", 64, 65536),
+                            ("gemm_bf16_w64_s6", 64, 98304), ("gemm_bf16_w32_s6", 32, 73728)]:
+    ENTRIES[_name] = ("gemm_wide", lambda M, N: (cdiv(N, 64) * 8, 1, 1), 128, _smem, False, _rows)
 # The worker of a stem also loads these stems' entries (the identity check compares across files).
 EXTRA_STEMS = {"gemm_skinny": ["gemm_wide"]}
 
@@ -369,7 +373,9 @@ class Worker:
                     if self.ms and M not in self.ms:
                         continue
                     wide = {16: "gemm_bf16_w16", 32: "gemm_bf16_w32", 64: "gemm_bf16_w64"}[M]
-                    self.bench_one([base + sfx, wide + sfx, skinny_entry(base, N, K, f32)], M, N, K, g, "bw",
+                    var = [] if f32 else {32: ["gemm_bf16_w32_s6"],
+                                          64: ["gemm_bf16_w64_pf", "gemm_bf16_w64_s4", "gemm_bf16_w64_s6"]}.get(M, [])
+                    self.bench_one([base + sfx, wide + sfx, skinny_entry(base, N, K, f32)] + var, M, N, K, g, "bw",
                                    label=label)
         elif self.stem == "gemm_bf16":
             for (N, K) in PREFILL_SHAPES[:3]:

@@ -124,8 +124,9 @@ pub enum BatchGemm {
     /// `skinny`: `gemm_bf16_m16/m32/m64` (gemm_skinny.cu): one CTA per 16 weight rows, whose
     /// 8 warps split K, so each CTA reads every row of x (x traffic 4× the weights at 64 rows).
     Skinny,
-    /// `wide` (the default): `gemm_bf16_w16/w32/w64` (gemm_wide.cu): a cluster of 8 CTAs per
-    /// 64 weight rows, CTA rank v taking the K chunks warp v of the 8-warp family takes.
+    /// `wide` (the default): `gemm_bf16_w32/w64` (gemm_wide.cu): a cluster of 8 CTAs per 64
+    /// weight rows, CTA rank v taking the K chunks warp v of the 8-warp family takes; for 33..64
+    /// rows, and 17..32 rows when K >= 2560 (where it measured faster; 9..16 rows keep m16).
     #[default]
     Wide,
 }
@@ -577,10 +578,11 @@ fn gemm_launches(n: u64, k: u64, m: &str, m_max: u64, f32_out: bool, batch: Batc
         if lo > m_max {
             continue;
         }
-        out.push(match (batch, lo) {
-            (BatchGemm::Wide, 9..) => wide(&entry.replace("_m", "_w"), lo, hi),
-            _ => skinny(entry, lo, hi),
-        });
+        // Measured (gemm_verify.py, H200, 2026-12-02, GEMM.md): the wide entries win at 33..64
+        // rows on every Qwen shape, at 17..32 rows when K >= 2560 (at K <= 2048 a CTA has too
+        // few chunks), and lose at 9..16 rows on most shapes, which keep gemm_bf16_m16.
+        let use_wide = batch == BatchGemm::Wide && (lo >= 33 || (lo >= 17 && k >= 2560));
+        out.push(if use_wide { wide(&entry.replace("_m", "_w"), lo, hi) } else { skinny(entry, lo, hi) });
     }
     if m_max >= 65 {
         out.push(launch("gemm_wgmma", format!("{wg}{sfx}"), json!([format!("ceil({m}/128) * {}", within(65, None)), format!("ceil({n}/{bn})")]), 256, 197632));
