@@ -729,20 +729,21 @@ def g_attention(K, R, quick):
 # constants (min_chunk, max_chunks: batch invariance); the grid's z size Z only spreads the chunks
 # over CTAs (CTA z takes chunks z, z + Z, ...). Z, max_chunks and the minimum chunk are the
 # manifest's (packs/qwen3/gen: decode_splits, decode_max_chunks); the same numbers here.
-DEC_TARGET_CTAS = 264   # about 2 CTAs per SM on the H200's 132 SMs
+DEC_TARGET_CTAS = 264   # max_chunks: a batch-1 row on about 2 CTAs per SM of the H200's 132 SMs
+DEC_GRID_CTAS = 2048    # the CTAs a step's grid aims at (Z)
 DEC_MAX_SPLITS = 64     # the generator's cap (the kernel accepts up to 128)
 DEC_MIN_CHUNK = 64      # keys per chunk at least (rounded up to 32 by the kernel)
 DEC_CTX = [1, 15, 16, 17, 255, 1000, 4096]
 
 
-def dec_splits(seqs, Hkv, target=DEC_TARGET_CTAS, cap=DEC_MAX_SPLITS):
-    """The manifest's grid z for a decode step: min(cap, ceil(target / (seqs * Hkv)))."""
-    return max(1, min(cap, cdiv(target, seqs * Hkv)))
-
-
 def dec_max_chunks(Hkv):
     """The manifest's max_chunks (a constant of the model): batch 1's grid z."""
-    return dec_splits(1, Hkv)
+    return max(1, min(DEC_MAX_SPLITS, cdiv(DEC_TARGET_CTAS, Hkv)))
+
+
+def dec_splits(seqs, Hkv):
+    """The manifest's grid z for a decode step: min(max_chunks, ceil(2048 / (seqs * Hkv)))."""
+    return max(1, min(dec_max_chunks(Hkv), cdiv(DEC_GRID_CTAS, seqs * Hkv)))
 
 
 def dec_chunking(kmax, max_chunks, min_chunk):
@@ -1286,12 +1287,12 @@ def g_timing(K, R, quick):
     R.case("timing", "attention", lambda: att("decode b=64 ctx=1024 (4B heads)", 32, 8, [(1023, 1)] * 64))
     R.case("timing", "attention", lambda: att("prefill 2048 (4B heads)", 32, 8, [(0, 2048)]))
 
-    def dec(name, Hq, Hkv, ctxs, pt=16, D=128):
+    def dec(name, Hq, Hkv, ctxs, pt=16, D=128, Z=None):
         """The split path (decode + combine) beside attention_dD on the same decode step."""
         c = build_decode_case(list(ctxs), [(i, x) for i, x in enumerate(ctxs)], Hq, Hkv, D, pt, layers, layer,
                               0, 0, seed=6)
         T = c["Tb"]
-        S, MC = dec_splits(T, Hkv), dec_max_chunks(Hkv)
+        S, MC = dec_splits(T, Hkv) if Z is None else Z, dec_max_chunks(Hkv)
         partial = nanfull((dec_partial_floats(T, MC, Hq, D),), torch.float32)
         out = nanfull((T, Hq * D))
         common = [P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]), I32(T),
@@ -1310,6 +1311,9 @@ def g_timing(K, R, quick):
     R.case("timing", "attention_decode", lambda: dec("decode b=1 ctx=32768 (4B heads)", 32, 8, [32768]))
     R.case("timing", "attention_decode", lambda: dec("decode b=3 ctx=4096 (4B heads)", 32, 8, [4096] * 3))
     R.case("timing", "attention_decode", lambda: dec("decode b=64 ctx=1024 (4B heads)", 32, 8, [1024] * 64))
+    R.case("timing", "attention_decode", lambda: dec("decode b=64 ctx=256 (4B heads)", 32, 8, [256] * 64))
+    R.case("timing", "attention_decode", lambda: dec("decode b=64 ctx=256 (4B heads), Z=1", 32, 8, [256] * 64, Z=1))
+    R.case("timing", "attention_decode", lambda: dec("decode b=1 ctx=256 (4B heads)", 32, 8, [256]))
     R.case("timing", "attention_decode", lambda: dec("decode b=1 ctx=4096 (Qwen2.5-0.5B heads)", 14, 2, [4096],
                                                      D=64))
 

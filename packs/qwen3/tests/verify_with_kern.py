@@ -527,7 +527,7 @@ def attention_cases():
 # attention_decode (attention_decode_dD, then attention_combine_dD reading the first's scratch).
 # The grid's z is the manifest's expression of `seqs` (occupancy only); the chunking is fixed by the
 # row and the model's max_chunks (batch 1's z), so the results do not depend on z.
-DEC_TARGET_CTAS, DEC_MAX_SPLITS, DEC_MIN_CHUNK = 264, 64, 64  # the generator's (and verify_kernels.py's)
+DEC_TARGET_CTAS, DEC_GRID_CTAS, DEC_MAX_SPLITS, DEC_MIN_CHUNK = 264, 2048, 64, 64  # the generator's (and verify_kernels.py's)
 
 
 class TwoLaunchOp(SingleOp):
@@ -578,9 +578,9 @@ def attention_decode_cases():
         max_pages = max(pages_per) + 1
         total_pages = sum(pages_per) + 3
         Sb, Tb = len(rows) + pad_s, len(rows) + pad_t
-        S_expr = f"min({DEC_MAX_SPLITS}, cdiv({DEC_TARGET_CTAS}, seqs * {Hkv}))" if splits is None else splits
-        S = max(1, min(DEC_MAX_SPLITS, cdiv(DEC_TARGET_CTAS, Sb * Hkv))) if splits is None else splits
         MC = max(1, min(DEC_MAX_SPLITS, cdiv(DEC_TARGET_CTAS, Hkv)))  # the manifest's decode_max_chunks
+        S_expr = f"min({MC}, cdiv({DEC_GRID_CTAS}, seqs * {Hkv}))" if splits is None else splits
+        S = max(1, min(MC, cdiv(DEC_GRID_CTAS, Sb * Hkv))) if splits is None else splits
         nP = cdiv(Tb, 4) * 4 + MC * Tb * Hq * (D + 4)
         kname = f"attention_decode_d{D}"
         shape = f"{name}: Hq={Hq} Hkv={Hkv} rows={len(rows)}+{pad_t} Z={S} max_chunks={MC}"
