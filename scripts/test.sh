@@ -25,7 +25,7 @@ echo "== GGUF dequantization reference (the pinned gguf package's own output)"
 "$KERN_CUDA_VENV/bin/python" scripts/gen-gguf-quants.py "${KERN_TEST_DATA:-$REPO/build/test-data}/gguf-quants"
 # Data-driven tests fail, not skip, when their data is missing under this script.
 export KERN_REQUIRE_TEST_DATA=1
-echo "== the attention kernels' logic on the CPU (host emulation of the CUDA sources: split-KV decode, tensor-core prefill)"
+echo "== the attention kernels' and fused decode GEMVs' logic on the CPU (host emulation of the CUDA sources: split-KV decode, tensor-core prefill, gemm_skinny's fused GEMVs vs rowwise + gemv_bf16)"
 bash packs/qwen3/tests/host_emu/run.sh
 echo "== cargo test"
 cargo test --workspace --locked

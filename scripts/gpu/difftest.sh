@@ -6,6 +6,9 @@
 #   (c) layer 7's RMSNorm with epsilon 1.0         -> exit 1, first divergence = l7.input_norm
 #   (d) the four decoder GEMMs on gemm_bf16        -> exit 0, kernels differ, timings shown
 #   (e) examples/vecadd vs examples/so-extract     -> exit 0 (a manifest without a step ABI)
+#   (f) --decode-fusion off vs the fused decode program (the default, fp32 residual; issue 15)
+#                                                   -> exit 0, 2:1 / 3:1 / 4:1 intervals per layer,
+#                                                      logits identical (the fused GEMVs are bit-identical)
 # Every case's text report is printed (head) and kept with its JSON under $WORK; the checks read
 # the JSON. The last lines are a PASS/FAIL table; exit status 1 if any case fails.
 #
@@ -41,6 +44,11 @@ python3 scripts/gpu/difftest_variants.py "$M" --kernels "$KD" || fail_setup "dif
 for v in self split bad-eps gemm; do
   "$K" check "$M/model.$v.json" >/dev/null 2>"$W/check.$v.err" || { cat "$W/check.$v.err"; fail_setup "kern check model.$v.json failed"; }
 done
+# (f): the default pack (fp32 residual, fused decode GEMVs) and the same without the fusion.
+for v in fused unfused; do
+  "$K" pack --config "$M/config.json" -o "$W/$v" --kernels "$KD" --decode-fusion "$([[ $v == fused ]] && echo on || echo off)" >>"$W/setup.log" 2>&1 ||
+    { cat "$W/setup.log"; fail_setup "kern pack ($v) failed"; }
+done
 
 # run_case NAME A B [extra kern test args...]: text report to $W/NAME.txt, JSON to $W/NAME.json,
 # exit code to $W/NAME.rc.
@@ -67,6 +75,7 @@ run_case fuse "$M/model.split.json" "$M/model.json" --weights "$M" --no-perf --n
 run_case bad-eps "$M/model.json" "$M/model.bad-eps.json" --weights "$M" --no-perf
 run_case gemm "$M/model.json" "$M/model.gemm.json" --weights "$M"
 run_case vecadd examples/vecadd/model.json examples/so-extract/model.json
+run_case fused "$W/unfused/model.json" "$W/fused/model.json" --weights "$M"
 
 echo
 echo "================================================================ checks"
@@ -182,6 +191,20 @@ rc, j = load("vecadd")
 if common("e vecadd", j, rc, 0):
     kernel_ok("e vecadd", j)
     no_local_failures("e vecadd", j)
+
+# (f) the fused decode program against the unfused one
+rc, j = load("fused")
+if common("f fused", j, rc, 0):
+    kernel_ok("f fused", j)
+    fs = j["matching"]["fused_or_split"]
+    kinds = sorted({f["kind"] for f in fs})
+    check("f fused", "fusion intervals: 2:1, 3:1 and 4:1 only", kinds == ["2:1", "3:1", "4:1"], f"{kinds}; {fs[:3]}")
+    no_local_failures("f fused", j)
+    logits_ok("f fused", j, exact=True)
+    pr = perf_rows(j)
+    for step, w in pr:
+        r = w["b"]["median"] / w["a"]["median"] if w["a"]["median"] else float("nan")
+        check("f fused", f"whole step timed ({step})", True, f"unfused {1e3*w['a']['median']:.1f} us, fused {1e3*w['b']['median']:.1f} us, B/A {r:.3f}, {w['class']}")
 
 print()
 print(f"{'case':<18} {'check':<52} result")

@@ -5,8 +5,9 @@ real_model.py found kern's last-position logits, at a few decode steps of two of
 prompts, above the rule (1.5 x bf16's error against fp32 + 0.01), while kern's error over all
 steps is below transformers-bf16's. This script localizes it on prefill: for each chosen prompt
 and each decoder layer L it runs kern's own manifest cut right after call `l{L+1}.input_norm`
-(so the buffers hold layer L's attention output `o`, MLP output `mlp` and the residual stream
-`x` after the layer) through `kern run`, and compares each with transformers' fp32 (ref32) and
+(or, in the fused decode program kern pack writes by default, `l{L}.down_proj_qkv`: layer L's
+residual add, its next norm and QKV) (so the buffers hold layer L's attention output `o`, MLP
+output `mlp` and the residual stream `x` after the layer) through `kern run`, and compares each with transformers' fp32 (ref32) and
 bf16 values of the same tensors (forward hooks on `self_attn` and `mlp`, and
 `output_hidden_states`):
 
@@ -70,14 +71,15 @@ def step_inputs(model_json, out, ids):
 
 
 def cut_manifest(model_json, layer, out):
-    """The manifest with its program cut after `l{layer+1}.input_norm`: o, mlp and x then hold
-    layer `layer`'s attention output, MLP output and residual stream."""
+    """The manifest with its program cut after `l{layer+1}.input_norm` (the fused decode
+    program: after `l{layer}.down_proj_qkv`): o, mlp and x then hold layer `layer`'s attention
+    output, MLP output and residual stream."""
     m = json.load(open(model_json))
     calls = m["program"]["calls"]
-    label = f"l{layer + 1}.input_norm"
-    idx = next((i for i, c in enumerate(calls) if c.get("label") == label), None)
+    labels = (f"l{layer + 1}.input_norm", f"l{layer}.down_proj_qkv")
+    idx = next((i for i, c in enumerate(calls) if c.get("label") in labels), None)
     if idx is None:
-        raise ValueError(f"{model_json}: no call `{label}`")
+        raise ValueError(f"{model_json}: no call `{labels[0]}` or `{labels[1]}`")
     m["program"]["calls"] = calls[: idx + 1]
     m.pop("programs", None)
     m.pop("speculative", None)
@@ -151,7 +153,7 @@ def main(argv=None):
     t0 = time.time()
     for i, ids in prompts.items():
         inputs = step_inputs(model_json, os.path.join(a.work, f"in-{i}"), ids)
-        n_layers = layers or sum(1 for c in json.load(open(model_json))["program"]["calls"] if c.get("op") == "o_proj")
+        n_layers = layers or sum(1 for c in json.load(open(model_json))["program"]["calls"] if c.get("op") in ("o_proj", "o_proj_norm_gate_up"))
         for l in range(n_layers - 1):
             cut = os.path.join(model_dir, f"model.cut{l}.json")
             cut_manifest(model_json, l, cut)

@@ -89,6 +89,22 @@ pub struct Args {
     /// Both give a row the same bits as the batch-1 GEMV (packs/qwen3/GEMM.md).
     #[arg(long, value_name = "KIND", default_value = "wide")]
     batch_gemm: kern_pack_qwen3::BatchGemm,
+    /// Fused decode GEMVs: `on`, the default (steps of at most 8 tokens run the RMSNorm inside
+    /// the QKV and gate-up GEMVs, the SwiGLU inside the down GEMV and the residual adds in the
+    /// O and down GEMVs: 7 launches per layer instead of 10, bit-identical;
+    /// packs/qwen3/GEMM.md, "Fused decode GEMVs") or `off` (the unfused program). Needs
+    /// `--residual f32` and no `--tp` (otherwise the unfused program is written).
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+    decode_fusion: bool,
+}
+
+/// `on` / `off` as a bool (clap value parser).
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("`{s}`: on or off")),
+    }
 }
 
 pub(crate) fn model_type(config: &Path) -> Result<String> {
@@ -117,6 +133,7 @@ fn options(args: &Args) -> kern_pack_qwen3::PackOptions {
         pdl: args.pdl,
         residual: args.residual,
         batch_gemm: args.batch_gemm,
+        decode_fusion: args.decode_fusion,
     }
 }
 
@@ -360,6 +377,34 @@ mod tests {
         assert_eq!(r(&["--residual", "bf16"]).unwrap(), Residual::Bf16);
         let e = r(&["--residual", "f64"]).unwrap_err();
         assert!(e.contains("unknown residual dtype `f64`") && e.contains("bf16"), "{e}");
+    }
+
+    /// `--decode-fusion` reaches the pack options (default on); `kern pack` writes the fused
+    /// decode program by default and the unfused one with `off`, both passing the check.
+    #[test]
+    fn kern_pack_decode_fusion_option() {
+        let f = |rest: &[&str]| parse(&[&["--config", "config.json", "-o", "out"][..], rest].concat()).map(|a| options(&a).decode_fusion);
+        assert!(f(&[]).unwrap());
+        assert!(f(&["--decode-fusion", "on"]).unwrap());
+        assert!(!f(&["--decode-fusion", "off"]).unwrap());
+        let e = f(&["--decode-fusion", "yes"]).unwrap_err();
+        assert!(e.contains("on or off"), "{e}");
+
+        let dir = std::env::temp_dir().join(format!("kern-pack-cli-fusion-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = kern_pack_qwen3::config::preset("qwen3-0.6b").unwrap();
+        let config = dir.join("config.json");
+        std::fs::write(&config, serde_json::to_string(&cfg.to_hf_json()).unwrap()).unwrap();
+        let kernels = kernels();
+        for (fusion, op) in [("on", "o_proj_norm_gate_up"), ("off", "o_proj")] {
+            let out = dir.join(fusion);
+            let args = ["--config", config.to_str().unwrap(), "-o", out.to_str().unwrap(), "--kernels", kernels.to_str().unwrap(), "--max-tokens", "64", "--max-seqs", "8", "--max-context", "512", "--decode-fusion", fusion];
+            run(parse(&args).unwrap()).unwrap();
+            let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("model.json")).unwrap()).unwrap();
+            assert!(m["ops"].get(op).is_some(), "--decode-fusion {fusion}: op {op}");
+        }
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

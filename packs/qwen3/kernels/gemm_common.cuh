@@ -9,6 +9,7 @@ namespace kgemm {
 
 typedef __nv_bfloat16 bf16;
 
+#ifndef KERN_HOST_EMU
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -90,6 +91,9 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\
 __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
+#else  // packs/qwen3/tests/host_emu: the helpers above on the CPU (cubins unaffected)
+#include "gemm_common_emu.h"
+#endif
 
 __device__ __forceinline__ float bias_at(const bf16* bias, int col) {
   return bias != nullptr ? __bfloat162float(bias[col]) : 0.0f;

@@ -6,7 +6,7 @@
 // Built WITHOUT --use_fast_math: expf, division and rsqrtf must be the same functions PyTorch's
 // CUDA kernels call, so that results match transformers' bf16 rounding order bit for bit where
 // the reduction order allows. See KERNELS.md for grids, semantics and padded-row behaviour.
-#include "common.cuh"
+#include "rowwise_math.cuh"  // common.cuh + the RMSNorm / SwiGLU arithmetic the fused GEMVs share
 
 using namespace kern;
 
@@ -186,8 +186,8 @@ add_rms_norm(bf16* __restrict__ out, bf16* __restrict__ residual, const bf16* __
 // ----------------------------------------------------------------------------- SwiGLU
 // gate_up[t] = [gate (inter) | up (inter)];  out[t, i] = bf16( bf16(silu(gate)) * up )
 // transformers: down_proj(act_fn(gate_proj(x)) * up_proj(x)); F.silu on bf16 computes
-// x / (1 + exp(-x)) in fp32 and rounds once; the product is a second bf16 op.
-static __device__ __forceinline__ float silu_bf16(float g) { return rb(g / (1.0f + expf(-g))); }
+// x / (1 + exp(-x)) in fp32 and rounds once; the product is a second bf16 op (silu_bf16 and
+// swiglu2 in rowwise_math.cuh, shared with gemm_skinny.cu's gemv_bf16_swiglu_add).
 
 extern "C" __global__ void __launch_bounds__(ROW_THREADS * 2)
 swiglu(bf16* __restrict__ out, const bf16* __restrict__ gate_up, int n, int inter) {
@@ -207,10 +207,7 @@ swiglu(bf16* __restrict__ out, const bf16* __restrict__ gate_up, int n, int inte
             uint4 ov;
             uint32_t* ow = reinterpret_cast<uint32_t*>(&ov);
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                float2 a = unpack2(gw[k]), bb = unpack2(uw[k]);
-                ow[k] = pack2(silu_bf16(a.x) * bb.x, silu_bf16(a.y) * bb.y);
-            }
+            for (int k = 0; k < 4; ++k) ow[k] = swiglu2(gw[k], uw[k]);
             reinterpret_cast<uint4*>(o)[c] = ov;
         }
     } else {
@@ -291,18 +288,16 @@ __device__ __forceinline__ void rms_row_f32(bf16* __restrict__ out, float* res, 
                 v.w += bb.y;
                 reinterpret_cast<float4*>(res)[c] = v;
             }
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            ss = rms_acc4(ss, v);
         }
+        // rms_acc4, block_sum's order, rms_rstd and rms_scale4 are what gemv_bf16_rms
+        // (gemm_skinny.cu) reproduces for its x operand (rowwise_math.cuh).
         ss = block_sum(ss, scratch);
-        const float r = rsqrtf(ss * (1.0f / (float)hidden) + eps);
+        const float r = rms_rstd(ss, hidden, eps);
         for (int c = tid; c < nc; c += ROW_THREADS) {
             const float4 v = reinterpret_cast<const float4*>(row)[c];
             const uint2 wv = __ldg(reinterpret_cast<const uint2*>(w) + c);
-            const float2 g0 = unpack2(wv.x), g1 = unpack2(wv.y);
-            uint2 o;
-            o.x = pack2(g0.x * rb(v.x * r), g0.y * rb(v.y * r));
-            o.y = pack2(g1.x * rb(v.z * r), g1.y * rb(v.w * r));
-            reinterpret_cast<uint2*>(out)[c] = o;
+            reinterpret_cast<uint2*>(out)[c] = rms_scale4(v, r, wv);
         }
     } else {
         for (int i = tid; i < hidden; i += ROW_THREADS) {

@@ -35,7 +35,7 @@ one launch.
 can see that each single-op manifest agrees with the cubins (parameter layouts, launch bounds,
 shared memory, hashes). --list prints the cases. --keep DIR keeps every case directory (manifest,
 inputs, outputs) under DIR. --only takes group names (rowwise, kv_write, qk_norm_rope, attention,
-attention_decode, attention_prefill, argmax, sample, gemm) or substrings of kernel names.
+attention_decode, attention_prefill, argmax, sample, gemm, fused) or substrings of kernel names.
 
 Each case runs in its own kern process; a failing case (kern error: its stderr is printed) never
 stops the others. The final table: kernel, case, max_abs_err, torch_bf16_err, tol, PASS/FAIL.
@@ -949,14 +949,121 @@ def attention_prefill_cases():
     return cases
 
 
+# ============================================================================ cases: fused decode GEMVs
+# gemm_skinny.cu's fused entries (GEMM.md, "Fused decode GEMVs"): gemv_bf16's grid and block, run
+# through kern against fp64 references of the unfused math; the side outputs (h, act) against the
+# row-wise references, the residual update bit-exact (res + float(y), fp32). Bit identity with the
+# unfused kernels themselves is packs/qwen3/tests/fused_verify.py's (cupy, on the GPU).
+FUSED_SIG = {
+    "gemv_bf16_rms": _sig("res:in_buffer<f32> norm_w:in_buffer<bf16> h:out_buffer<bf16> W:in_buffer<bf16> bias:ptr "
+                          "y:out_buffer<bf16> M:i32 N:i32 K:i32 eps:f32"),
+    "gemv_bf16_add": _sig("x:in_buffer<bf16> W:in_buffer<bf16> bias:ptr y:out_buffer<bf16> res:inout_buffer<f32> "
+                          "M:i32 N:i32 K:i32"),
+    "gemv_bf16_swiglu_add": _sig("gate_up:in_buffer<bf16> act:out_buffer<bf16> W:in_buffer<bf16> bias:ptr "
+                                 "y:out_buffer<bf16> res:inout_buffer<f32> M:i32 N:i32 K:i32"),
+    "gemv_bf16_swiglu": _sig("gate_up:in_buffer<bf16> act:out_buffer<bf16> W:in_buffer<bf16> bias:ptr "
+                             "y:out_buffer<bf16> M:i32 N:i32 K:i32"),
+}
+FUSED_SIG["gemv_bf16_rms_pf"] = FUSED_SIG["gemv_bf16_rms"]
+for _k, _v in FUSED_SIG.items():
+    FUSED_SIG[_k] = [(n, t.replace("_", " ")) for n, t in _v]
+
+# entry, M, N, K: the Qwen3-0.6B shapes (qkv N 4096 K 1024, o N 1024 K 2048, down N 1024 K 3072) and odd ones
+FUSED_CASES = [
+    ("gemv_bf16_rms", 1, 4096, 1024), ("gemv_bf16_rms", 7, 72, 1000), ("gemv_bf16_rms", 8, 6144, 1024),
+    ("gemv_bf16_rms_pf", 2, 4096, 1024),
+    ("gemv_bf16_add", 1, 1024, 2048), ("gemv_bf16_add", 5, 1000, 264),
+    ("gemv_bf16_swiglu_add", 1, 1024, 3072), ("gemv_bf16_swiglu_add", 8, 40, 520),
+    ("gemv_bf16_swiglu", 3, 1024, 3072), ("gemv_bf16_swiglu", 2, 24, 136),
+]
+
+
+def fused_cases():
+    cases = []
+    for ci, (entry, M, N, K) in enumerate(FUSED_CASES):
+        shape = f"M={M} N={N} K={K}"
+        op = SingleOp(f"single-op {entry} {shape}", "gemm_skinny", entry, FUSED_SIG[entry], {"tokens": M},
+                      grid=[cdiv(N, 16), 1, 1], block=[256, 1, 1])
+        op.buf("W", "bf16", [N, K], "input").buf("y", "bf16", ["tokens + 1", N], "output")
+        rms, swi, add = entry.startswith("gemv_bf16_rms"), "swiglu" in entry, entry.endswith("_add")
+        if rms:
+            op.buf("res", "f32", ["tokens", K], "input").buf("norm_w", "bf16", [K], "input")
+            op.buf("h", "bf16", ["tokens + 1", K], "output")
+            op.bind(res=B("res"), norm_w=B("norm_w"), h=B("h"), W=B("W"), bias={"null": True}, y=B("y"),
+                    M=VAR("tokens"), N=I32(N), K=I32(K), eps=F32(EPS))
+        elif swi:
+            op.buf("gate_up", "bf16", ["tokens", 2 * K], "input").buf("act", "bf16", ["tokens + 1", K], "output")
+            binds = dict(gate_up=B("gate_up"), act=B("act"), W=B("W"), bias={"null": True}, y=B("y"), M=VAR("tokens"),
+                         N=I32(N), K=I32(K))
+            if add:
+                op.buf("res", "f32", ["tokens + 1", N], "input")
+                binds["res"] = B("res")
+            op.bind(**binds)
+        else:
+            op.buf("x", "bf16", ["tokens", K], "input").buf("res", "f32", ["tokens + 1", N], "input")
+            op.bind(x=B("x"), W=B("W"), bias={"null": True}, y=B("y"), res=B("res"), M=VAR("tokens"), N=I32(N), K=I32(K))
+
+        def run(X, entry=entry, M=M, N=N, K=K, shape=shape, op=op, ci=ci, rms=rms, swi=swi, add=add):
+            torch, vk = X.torch, X.vk
+            g = vk.gen(700 + ci)
+            W = (torch.randn(N, K, generator=g) * 0.02).to(X.dev).to(X.BF)
+            ins, outs = {"W": W}, ["y"]
+            if rms:
+                res = (torch.randn(M, K, generator=g) * 2.0).to(X.dev)
+                w = (1 + 0.1 * torch.randn(K, generator=g)).to(X.dev).to(X.BF)
+                ins.update(res=res, norm_w=w)
+                outs.append("h")
+                href = vk.ref_rmsnorm(res.double(), w)
+                # torch's rms_norm_f32: normalized in fp32, rounded to bf16, times the bf16 weight
+                xin = w * (res * torch.rsqrt(res.pow(2).mean(-1, keepdim=True) + EPS)).to(X.BF)
+                htorch = xin
+            elif swi:
+                gu = vk.randn((M, 2 * K), 900 + ci, 2.0)
+                ins["gate_up"] = gu
+                outs.append("act")
+                gg, uu = gu[:, :K], gu[:, K:]
+                aref = torch.nn.functional.silu(gg.double()) * uu.double()
+                xin = (torch.nn.functional.silu(gg) * uu).to(X.BF)
+            else:
+                xin = torch.randn(M, K, generator=g).to(X.dev).to(X.BF)
+                ins["x"] = xin
+            if add:
+                res0 = vk.nanfull((M + 1, N), torch.float32)
+                res0[:M] = (torch.randn(M, N, generator=g) * 3.0).to(X.dev)
+                ins["res"] = res0
+                outs.append("res")
+            got = X.kern(op, ins, outs)
+            y = got["y"]
+            X.guard_nan(entry, shape, y[M:], "row past M")
+            if rms:
+                X.guard_nan(entry + "(h)", shape, got["h"][M:], "row past M")
+                X.close(entry + "(h)", shape, got["h"][:M], href, tbf=htorch)
+                xin = got["h"][:M]  # the GEMM's x is exactly the h it wrote (fused_verify.py proves the bits)
+            if swi:
+                X.guard_nan(entry + "(act)", shape, got["act"][M:], "row past M")
+                X.close(entry + "(act)", shape, got["act"][:M], aref, tbf=xin)
+                xin = got["act"][:M]
+            ref = xin.double() @ W.double().t()
+            X.close(entry, shape, y[:M], ref, tbf=torch.nn.functional.linear(xin, W))
+            if add:
+                r = got["res"]
+                want = res0[:M] + y[:M].float()
+                exact = vk.bits_equal(r[:M], want) and bool(torch.isnan(r[M:]).all())
+                X.R.add(kernel=entry + "(residual)", shape=shape, err=0.0, status="PASS" if exact else "FAIL",
+                        note="res + float(y), fp32, bit-exact; guard row untouched" if exact else
+                        f"residual != res + float(y): {int((r[:M] != want).sum())} differ, or the guard row was written")
+        cases.append(Case("fused", entry, shape, op, run))
+    return cases
+
+
 GROUPS = ["rowwise", "kv_write", "qk_norm_rope", "attention", "attention_decode", "attention_prefill", "argmax", "sample",
-          "gemm"]
+          "gemm", "fused"]
 
 
 def all_cases():
     return (rowwise_cases() + kv_write_cases() + qk_norm_rope_cases() + attention_cases() + attention_decode_cases()
             + attention_prefill_cases()
-            + argmax_cases() + sample_cases() + gemm_cases())
+            + argmax_cases() + sample_cases() + gemm_cases() + fused_cases())
 
 
 # ============================================================================ main

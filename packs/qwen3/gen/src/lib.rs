@@ -7,12 +7,15 @@
 //!   (`packs/qwen3/kernels`, built by `packs/qwen3/build.sh`) into a decoder, optionally with
 //!   a draft program for speculative decoding that reuses the target's weights ([`Draft`]:
 //!   `self`, `layer-skip:L`; docs/speculative.md);
+//! * [`fused`]: the fused decode program's ops (RMSNorm, SwiGLU and the residual adds inside
+//!   the decode GEMVs for steps of at most 8 tokens, bit-identical to the unfused kernels);
 //! * [`gguf`]: the config from a GGUF file's metadata (`qwen2`, `qwen3`) and the Hugging Face
 //!   → GGUF tensor names, for `kern pack --gguf`;
 //! * [`random`]: seeded random weights in the Hugging Face safetensors layout plus a
 //!   `config.json` that transformers loads unchanged.
 
 pub mod config;
+pub mod fused;
 pub mod gguf;
 pub mod manifest;
 pub mod random;

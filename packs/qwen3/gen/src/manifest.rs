@@ -57,6 +57,14 @@ pub struct PackOptions {
     /// default) runs `gemm_wide.cu`'s cluster kernels, [`BatchGemm::Skinny`] the 8-warp
     /// `gemm_bf16_m16/m32/m64`. Both give the same bits as the decode GEMV (GEMM.md).
     pub batch_gemm: BatchGemm,
+    /// Fused decode GEMVs (issue 15, `--decode-fusion`; [`crate::fused`], GEMM.md "Fused decode
+    /// GEMVs"): steps of at most 8 tokens run the RMSNorm inside the QKV and gate-up GEMVs, the
+    /// SwiGLU inside the down GEMV and the residual adds in the O and down GEMVs' epilogues —
+    /// 7 launches per layer instead of 10, every value bit-identical to the unfused kernels;
+    /// larger steps launch the unfused kernels. Needs the fp32 residual and one GPU: with
+    /// `--residual bf16` or `--tp` the manifest keeps the unfused program. `false`: the unfused
+    /// program everywhere (for A/B runs and `kern test`).
+    pub decode_fusion: bool,
 }
 
 impl Default for PackOptions {
@@ -74,6 +82,7 @@ impl Default for PackOptions {
             pdl: false,
             residual: Residual::F32,
             batch_gemm: BatchGemm::Wide,
+            decode_fusion: true,
         }
     }
 }
@@ -823,6 +832,16 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     if opts.tp.is_some() {
         ops["all_reduce"] = json!({"params": ["inout buffer<bf16>"], "impl": {"collective": "all_reduce_sum"}});
     }
+    // The fused decode program (crate::fused): its ops replace the per-kernel ones it does not call.
+    let fused = opts.decode_fusion && f32_res && opts.tp.is_none();
+    if fused {
+        let o = ops.as_object_mut().expect("ops");
+        for unused in ["rms_norm", "add_rms_norm", "qkv_proj", "o_proj", "gate_up_proj", "down_proj", "swiglu"] {
+            o.remove(unused);
+        }
+        let sizes = crate::fused::Sizes { h: d.h, i: d.i, qkv: d.qkv, attn: d.hq * d.d, eps, max_tokens: opts.max_tokens };
+        o.extend(crate::fused::ops(&sizes, |n, k| gemm_launches(n, k, "tokens", opts.max_tokens, false, opts.batch_gemm)));
+    }
     // After a row-parallel GEMM each rank holds a partial sum of the full output.
     let all_reduce = |label: String, b: &str| json!({"label": label, "op": "all_reduce", "args": [{"buf": b}]});
 
@@ -833,13 +852,27 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     // in the state `kv`, through the ops `rope` and `attention`, which address a state of
     // `layers` layers per token), the final norm, the LM head and sampling. The target's
     // program has every layer; a draft's has its own KV state.
+    // The fused program (crate::fused) has the same embedding, attention and tail; per layer
+    // l0.qkv_proj (norm_qkv_proj: layer 0's input norm and QKV), then lL.qk_norm_rope,
+    // lL.attention, lL.o_proj_gate_up (o_proj_norm_gate_up: O, residual add, post-attention
+    // norm, gate-up), lL.down_proj_qkv (down_proj_norm_qkv: SwiGLU, down, residual add, and the
+    // NEXT layer's input norm and QKV), or in the last layer lL.down_proj (swiglu_down_proj),
+    // whose residual add the final norm makes as before.
     let program = |layers: u64, kv: &str, rope: &str, attention: &str| -> Vec<Value> {
         let mut calls = vec![json!({"label": "embed", "op": "embedding", "args": [buf("x"), buf("model.embed_tokens.weight"), buf("token_ids"), var("tokens")]})];
-        calls.push(json!({"label": "l0.input_norm", "op": "rms_norm", "args": [buf("h"), buf("x"), buf("model.layers.0.input_layernorm.weight"), var("tokens")]}));
+        let qkv_bias = |l: u64| if bias { buf(&format!("model.layers.{l}.self_attn.qkv_proj.bias")) } else { json!({"null": true}) };
+        if fused {
+            calls.push(json!({"label": "l0.qkv_proj", "op": "norm_qkv_proj",
+                "args": [buf("h"), buf("x"), buf("model.layers.0.input_layernorm.weight"), buf("model.layers.0.self_attn.qkv_proj.weight"), qkv_bias(0), buf("qkv"), var("tokens")]}));
+        } else {
+            calls.push(json!({"label": "l0.input_norm", "op": "rms_norm", "args": [buf("h"), buf("x"), buf("model.layers.0.input_layernorm.weight"), var("tokens")]}));
+        }
         for l in 0..layers {
             let p = format!("model.layers.{l}");
-            let bias_buf = if bias { buf(&format!("{p}.self_attn.qkv_proj.bias")) } else { json!({"null": true}) };
-            calls.push(json!({"label": format!("l{l}.qkv_proj"), "op": "qkv_proj", "args": [buf("h"), buf(&format!("{p}.self_attn.qkv_proj.weight")), bias_buf, buf("qkv"), var("tokens")]}));
+            let bias_buf = qkv_bias(l);
+            if !fused {
+                calls.push(json!({"label": format!("l{l}.qkv_proj"), "op": "qkv_proj", "args": [buf("h"), buf(&format!("{p}.self_attn.qkv_proj.weight")), bias_buf, buf("qkv"), var("tokens")]}));
+            }
             // Unused norm / bias pointers are never read by the kernel (flags); bind a weight.
             let qn = if qk_norm { format!("{p}.self_attn.q_norm.weight") } else { format!("{p}.input_layernorm.weight") };
             let kn = if qk_norm { format!("{p}.self_attn.k_norm.weight") } else { format!("{p}.input_layernorm.weight") };
@@ -851,6 +884,21 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                 attn_args.push(buf("attn_partial"));
             }
             calls.push(json!({"label": format!("l{l}.attention"), "op": attention, "args": attn_args}));
+            if fused {
+                calls.push(json!({"label": format!("l{l}.o_proj_gate_up"), "op": "o_proj_norm_gate_up",
+                    "args": [buf("attn"), buf(&format!("{p}.self_attn.o_proj.weight")), buf("o"), buf("x"), buf(&format!("{p}.post_attention_layernorm.weight")),
+                             buf("h"), buf(&format!("{p}.mlp.gate_up_proj.weight")), buf("gate_up"), var("tokens")]}));
+                let down = buf(&format!("{p}.mlp.down_proj.weight"));
+                if l + 1 < layers {
+                    let next = format!("model.layers.{}", l + 1);
+                    calls.push(json!({"label": format!("l{l}.down_proj_qkv"), "op": "down_proj_norm_qkv",
+                        "args": [buf("gate_up"), buf("act"), down, buf("mlp"), buf("x"), buf(&format!("{next}.input_layernorm.weight")), buf("h"),
+                                 buf(&format!("{next}.self_attn.qkv_proj.weight")), qkv_bias(l + 1), buf("qkv"), var("tokens")]}));
+                } else {
+                    calls.push(json!({"label": format!("l{l}.down_proj"), "op": "swiglu_down_proj", "args": [buf("gate_up"), buf("act"), down, buf("mlp"), var("tokens")]}));
+                }
+                continue;
+            }
             calls.push(json!({"label": format!("l{l}.o_proj"), "op": "o_proj", "args": [buf("attn"), buf(&format!("{p}.self_attn.o_proj.weight")), {"null": true}, buf("o"), var("tokens")]}));
             if opts.tp.is_some() {
                 calls.push(all_reduce(format!("l{l}.o_proj.all_reduce"), "o"));

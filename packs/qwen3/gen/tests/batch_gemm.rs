@@ -30,8 +30,10 @@ fn running(m: &Manifest, op: &str, var: &str, rows: i64) -> (String, i64) {
     live[0].clone()
 }
 
+/// The unfused program (`decode_fusion: false`): its per-projection ops (qkv_proj, ...) show the
+/// GEMM choice per row count; the fused ops take the same launches above 8 rows (fused.rs).
 fn opts(batch_gemm: BatchGemm) -> PackOptions {
-    PackOptions { kernels: kernels(), max_tokens: 256, max_seqs: 64, batch_gemm, ..Default::default() }
+    PackOptions { kernels: kernels(), max_tokens: 256, max_seqs: 64, batch_gemm, decode_fusion: false, ..Default::default() }
 }
 
 #[test]

@@ -44,10 +44,16 @@ fn layer_of(label: &str) -> Option<u64> {
 
 /// What the draft's calls must be, derived from the target's program without a draft: the
 /// calls of layers `>= layers` dropped, every `kv` binding moved to `draft_kv`, and the KV ops
-/// renamed (`rename`).
+/// renamed (`rename`). In the fused program (the default) the draft's last layer ends as the
+/// target's last layer does: its `down_proj_qkv` call (down projection + the next layer's norm
+/// and QKV) becomes `down_proj` (op swiglu_down_proj: gate_up, act, W, mlp, tokens).
 fn expected_draft(main: &Value, layers: u64, rename: &[(&str, &str)]) -> Vec<Value> {
     let mut calls: Vec<Value> = main["calls"].as_array().unwrap().iter().filter(|c| layer_of(c["label"].as_str().unwrap()).is_none_or(|l| l < layers)).cloned().collect();
     for c in &mut calls {
+        if c["label"] == json!(format!("l{}.down_proj_qkv", layers - 1)) {
+            let a = c["args"].as_array().unwrap().clone();
+            *c = json!({"label": format!("l{}.down_proj", layers - 1), "op": "swiglu_down_proj", "args": [a[0], a[1], a[2], a[3], a[10]]});
+        }
         for a in c["args"].as_array_mut().unwrap() {
             if *a == json!({"state": "kv"}) {
                 *a = json!({"state": "draft_kv"});
@@ -120,8 +126,11 @@ fn draft_manifests_pass_kern_check_with_their_own_kv_and_the_target_unchanged() 
             let mut seen: Vec<u64> = draft.calls.iter().filter_map(|c| layer_of(&c.label)).collect();
             seen.dedup();
             assert_eq!(seen, (0..layers).collect::<Vec<_>>(), "{what}: exactly the first {layers} layers");
-            let per_layer = if tp.is_some() { 11 } else { 9 };
-            assert_eq!(draft.calls.len() as u64, 2 + per_layer * layers - 1 + 5, "{what}");
+            // Unfused (tp): embed, input norm, 9 calls a layer (+ 2 all-reduces) but the last
+            // layer's input norm, 5 at the end; fused (the default): embed, l0.qkv_proj, 4 a
+            // layer (rope, attention, o_proj_gate_up, down_proj_qkv / down_proj), 5 at the end.
+            let want = if tp.is_some() { 2 + 11 * layers - 1 + 5 } else { 2 + 4 * layers + 5 };
+            assert_eq!(draft.calls.len() as u64, want, "{what}");
             // The same final norm, LM head and sampling into the step's `sampled`, as the target.
             let tail: Vec<&str> = draft.calls.iter().rev().take(5).map(|c| c.label.as_str()).collect();
             assert_eq!(tail, ["sample", "lm_head", "final_norm", "gather.mlp", "gather.residual"], "{what}");

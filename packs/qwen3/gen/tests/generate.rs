@@ -18,20 +18,36 @@ fn presets_generate_manifests_that_pass_kern_check() {
         let step = m.step.as_ref().expect("step ABI bound");
         assert_eq!(step.vocab, Some(151936), "{name}");
         assert!(step.kv.is_some());
-        // Calls per step: embed + first norm + 9 per layer - 1 + 5 at the end; each GEMM call
-        // declares one launch per M range (all but one skipped at run time), each attention call
-        // three (the default split decode attention: attention_dD, or the split kernel and its
-        // combine).
+        // Calls per step (the fused decode program, the default: kern_pack_qwen3::fused):
+        // embed, l0.qkv_proj, 4 per layer (rope, attention, o_proj_gate_up, down_proj_qkv or in
+        // the last layer down_proj), 5 at the end. Each projection declares one launch per M
+        // range (all but one skipped at run time), plus a fused GEMV for 1..8 rows and the
+        // row-wise kernel it replaces (rms_norm_f32, add_rms_norm_f32, swiglu) for larger
+        // steps; each attention call three (the default split decode attention: attention_dD,
+        // or the split kernel and its combine). The unfused program declares as many launches.
         let layers = cfg.num_hidden_layers as usize;
-        assert_eq!(m.programs[0].calls.len(), 2 + 9 * layers - 1 + 5, "{name}");
+        assert_eq!(m.programs[0].calls.len(), 2 + 4 * layers + 5, "{name}");
         assert_eq!(m.programs[0].launches(&m), 2 + 9 * layers - 1 + 5 + 4 * (4 * layers) + 2 * layers + 3, "{name}");
-        // Exactly one GEMM launch has a positive grid for every M.
-        let op = &m.ops[m.op("qkv_proj").unwrap().0];
-        for tokens in [1i64, 7, 8, 9, 16, 17, 32, 33, 64, 65, 300, 512] {
-            let mut vars = m.vars_at_max();
-            vars[m.var("tokens").unwrap().0] = tokens;
-            let live = op.launches.iter().filter(|l| l.grid.iter().all(|g| g.eval(&vars).unwrap() > 0)).count();
-            assert_eq!(live, 1, "{name}: tokens={tokens}");
+        // Exactly one GEMM launch has a positive grid for every M, in every projection; the
+        // row-wise kernel beside it only above 8 rows.
+        for op_name in ["norm_qkv_proj", "o_proj_norm_gate_up", "down_proj_norm_qkv", "swiglu_down_proj"] {
+            let op = &m.ops[m.op(op_name).unwrap_or_else(|| panic!("{name}: no op {op_name}")).0];
+            // (GEMMs, row-wise kernels above 8 rows): rms_norm_f32; add_rms_norm_f32; swiglu +
+            // add_rms_norm_f32; swiglu.
+            let (gemms, rows) = match op_name {
+                "norm_qkv_proj" | "swiglu_down_proj" => (1, 1),
+                "o_proj_norm_gate_up" => (2, 1),
+                _ => (2, 2),
+            };
+            for tokens in [1i64, 7, 8, 9, 16, 17, 32, 33, 64, 65, 300, 512] {
+                let mut vars = m.vars_at_max();
+                vars[m.var("tokens").unwrap().0] = tokens;
+                let live: Vec<&str> = op.launches.iter().filter(|l| l.grid.iter().all(|g| g.eval(&vars).unwrap() > 0)).map(|l| m.modules[l.module.0].name.as_str()).collect();
+                let gemm = live.iter().filter(|m| m.starts_with("gemm_")).count();
+                let rowwise = live.iter().filter(|m| **m == "rowwise").count();
+                assert_eq!(gemm, gemms, "{name} {op_name}: tokens={tokens}: {live:?}");
+                assert_eq!(rowwise, if tokens <= 8 { 0 } else { rows }, "{name} {op_name}: tokens={tokens}: {live:?}");
+            }
         }
         let bytes_per_token = cfg.num_hidden_layers * 2 * cfg.kv_heads() * cfg.head_dim() * 2;
         assert!(matches!(m.states[0].size, kern_manifest::StateSize::PerToken { bytes, .. } if bytes == bytes_per_token));
@@ -44,8 +60,13 @@ fn presets_generate_manifests_that_pass_kern_check() {
             // The bias is added once, by the GEMM: the RoPE kernel's flags (last arg) are 0.
             let rope = &m.ops[m.op("qk_norm_rope").unwrap().0].launches[0];
             assert_eq!(rope.args.last(), Some(&kern_manifest::LaunchArg::Const(kern_manifest::Value::I32(0))), "{name}");
+            // norm_qkv_proj: [h, x, norm weight, W, bias, qkv, tokens]; down_proj_norm_qkv passes
+            // the next layer's bias the same way.
             let call = m.programs[0].calls.iter().find(|c| c.label == "l0.qkv_proj").unwrap();
-            assert!(matches!(call.args[2], kern_manifest::Binding::Buf(_)), "{name}: the GEMM gets the bias");
+            assert!(matches!(call.args[4], kern_manifest::Binding::Buf(_)), "{name}: the GEMM gets the bias");
+            let call = m.programs[0].calls.iter().find(|c| c.label == "l0.down_proj_qkv").unwrap();
+            let bias1 = m.buffer("model.layers.1.self_attn.qkv_proj.bias").unwrap();
+            assert_eq!(call.args[8], kern_manifest::Binding::Buf(bias1), "{name}: layer 1's QKV bias");
         }
         std::fs::remove_dir_all(&out).ok();
     }
@@ -58,7 +79,18 @@ fn small_batches_get_only_the_gemm_launches_they_can_reach() {
     let opts = PackOptions { kernels: kernels(), max_tokens: 256, max_seqs: 8, max_context: 1024, ..Default::default() };
     let m = load(&generate(&cfg, &opts, &out).unwrap(), &CheckOptions::default()).unwrap_or_else(|d| panic!("{d}"));
     assert_eq!(m.ops[m.op("lm_head").unwrap().0].launches.len(), 1, "seqs <= 8: the GEMV only");
-    assert_eq!(m.ops[m.op("qkv_proj").unwrap().0].launches.len(), 5);
+    // The fused GEMV (1..8 rows), then rms_norm_f32 and the GEMMs of 9..16, 17..32, 33..64, 65..
+    let entries: Vec<&str> = m.ops[m.op("norm_qkv_proj").unwrap().0].launches.iter().map(|l| l.entry.as_str()).collect();
+    assert_eq!(entries.len(), 6, "{entries:?}");
+    assert_eq!(&entries[..2], ["gemv_bf16_rms", "rms_norm_f32"]);
+    // Steps of at most 8 tokens: the fused GEMVs only, no row-wise kernel beside them.
+    let opts = PackOptions { kernels: kernels(), max_tokens: 8, max_seqs: 8, max_context: 1024, ..Default::default() };
+    let m = load(&generate(&cfg, &opts, &out.join("eight")).unwrap(), &CheckOptions::default()).unwrap_or_else(|d| panic!("{d}"));
+    for (op, want) in [("norm_qkv_proj", vec!["gemv_bf16_rms"]), ("o_proj_norm_gate_up", vec!["gemv_bf16_add", "gemv_bf16_rms"]),
+                       ("down_proj_norm_qkv", vec!["gemv_bf16_swiglu_add", "gemv_bf16_rms"]), ("swiglu_down_proj", vec!["gemv_bf16_swiglu"])] {
+        let entries: Vec<&str> = m.ops[m.op(op).unwrap().0].launches.iter().map(|l| l.entry.as_str()).collect();
+        assert_eq!(entries, want, "{op}");
+    }
     std::fs::remove_dir_all(&out).ok();
 }
 
@@ -79,12 +111,15 @@ fn tensor_parallel_manifests_split_heads_and_intermediate_size() {
     for name in ["qwen3-8b", "qwen3-0.6b", "qwen2.5-1.5b"] {
         let cfg = preset(name).unwrap();
         let base = std::env::temp_dir().join(format!("kern-pack-tp-{}-{name}", std::process::id()));
-        let one = load(&generate(&cfg, &PackOptions { kernels: kernels(), ..Default::default() }, &base.join("tp1")).unwrap(), &CheckOptions::default())
-            .unwrap_or_else(|d| panic!("{name} tp1: {d}"));
+        // The unfused single-GPU program: what --tp keeps (the residual add of a row-parallel
+        // GEMM comes after its all-reduce, so the fused epilogue add cannot hold).
+        let unfused = PackOptions { kernels: kernels(), decode_fusion: false, ..Default::default() };
+        let one = load(&generate(&cfg, &unfused, &base.join("tp1")).unwrap(), &CheckOptions::default()).unwrap_or_else(|d| panic!("{name} tp1: {d}"));
         let two = load(&generate(&cfg, &PackOptions { kernels: kernels(), tp: Some(2), ..Default::default() }, &base.join("tp2")).unwrap(), &CheckOptions::default())
             .unwrap_or_else(|d| panic!("{name} tp2: {d}"));
         assert_eq!((one.tp(), one.has_collectives()), (1, false), "{name}: no --tp, no parallelism");
         assert_eq!((two.tp(), two.has_collectives()), (2, true), "{name}");
+        assert!(two.op("o_proj_norm_gate_up").is_none() && two.op("o_proj").is_some(), "{name}: --tp writes the unfused program");
         let shape = |m: &kern_manifest::Manifest, b: &str| m.shape(m.buffer(b).unwrap_or_else(|| panic!("{b}")), &m.vars_at_max()).unwrap();
         // Column-parallel outputs halve, row-parallel outputs stay whole.
         for (b, dim, split) in [

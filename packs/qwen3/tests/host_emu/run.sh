@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build and run the host emulations of attention_decode.cu and attention_prefill.cu (no GPU): g++ with C++20 and pthreads.
+# Build and run the host emulations of attention_decode.cu, attention_prefill.cu and the fused decode
+# GEMVs of gemm_skinny.cu (no GPU): g++ with C++20 and pthreads.
 #   bash packs/qwen3/tests/host_emu/run.sh
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -13,3 +14,7 @@ g++ -std=c++20 -O2 -pthread -w -I "$HERE" -include "$HERE/emu.h" -x c++ "$HERE/a
 OUT_PREFILL="$BIN/attention-prefill-emu"
 g++ -std=c++20 -O2 -pthread -w -I "$HERE" -include "$HERE/emu.h" -x c++ "$HERE/attention_prefill_emu.cpp" "$HERE/attention_emu.cpp" -o "$OUT_PREFILL"
 "$OUT_PREFILL"
+# gemm_skinny.cu's fused decode GEMVs (mma.sync emulated in emu.h) vs rowwise.cu + gemv_bf16, bit for bit
+OUT_GEMV="$BIN/gemv-fused-emu"
+g++ -std=c++20 -O2 -pthread -w -I "$HERE" -include "$HERE/emu.h" -x c++ "$HERE/gemv_fused_emu.cpp" "$HERE/rowwise_emu.cpp" -o "$OUT_GEMV"
+"$OUT_GEMV"

@@ -1,0 +1,56 @@
+// The arithmetic of rowwise.cu's fp32-residual RMSNorm (rms_norm_f32 / add_rms_norm_f32, vector
+// path) and of its SwiGLU, as device functions shared with the fused GEMVs of gemm_skinny.cu
+// (gemv_bf16_rms, gemv_bf16_swiglu_add: GEMM.md, "Fused decode GEMVs"), which must produce the
+// same bits. Not a kernel file: included by rowwise.cu and gemm_skinny.cu.
+//
+// Where a compiler could contract a multiply and an add differently at two call sites, the
+// order is written out (__fmaf_rn: PTX fma.rn, never split or re-fused) as nvcc 13.0.88 had
+// chosen it for rowwise.cu before these functions moved here; the remaining plain products
+// feed only a rounding or an fma's addend, which neither NVVM nor ptxas contract. rowwise's
+// cubins are byte-identical to before. silu_bf16 keeps the library expf and the IEEE division;
+// its one contraction (expf's final scale multiply fused with the `1 +`: an fma.rn in the PTX)
+// is made by NVVM on the inlined expression, the same at every call site (GEMM.md).
+#pragma once
+
+#include "common.cuh"
+
+namespace kern {
+
+// ----------------------------------------------------------------------------- RMSNorm (fp32 rows)
+// One 4-float chunk of a row added to a thread's sum of squares: ss + (((y·y + x·x) + z·z) + w·w)
+// with the three inner adds fused (fma.rn); the product y·y feeds only an fma's addend and the
+// outer add adds no product, so neither compiler can contract them differently. A thread of rowwise's 128 adds its chunks c = tid,
+// tid + 128, ... in increasing c; the block then adds the 128 partial sums with block_sum
+// (common.cuh): warp_sum per warp, then warp_sum of the 4 warp sums (lanes 0..3, zeros above).
+__device__ __forceinline__ float rms_acc4(float ss, float4 v) {
+    return ss + __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.x, v.x, v.y * v.y)));
+}
+
+// rstd of a row from its sum of squares: rsqrt(ss · (1 / hidden) + eps), the multiply-add fused.
+__device__ __forceinline__ float rms_rstd(float ss, int hidden, float eps) {
+    return rsqrtf(__fmaf_rn(__frcp_rn((float)hidden), ss, eps));
+}
+
+// Four normalized outputs packed as bf16: bf16(w · bf16(v · r)) (transformers' Qwen3RMSNorm
+// rounding: the normalized value is rounded to bf16 before the weight multiplies it). Products
+// feed only roundings: nothing to contract.
+__device__ __forceinline__ uint2 rms_scale4(float4 v, float r, uint2 w4) {
+    const float2 g0 = unpack2(w4.x), g1 = unpack2(w4.y);
+    uint2 o;
+    o.x = pack2(g0.x * rb(v.x * r), g0.y * rb(v.y * r));
+    o.y = pack2(g1.x * rb(v.z * r), g1.y * rb(v.w * r));
+    return o;
+}
+
+// ----------------------------------------------------------------------------- SwiGLU
+// F.silu on a bf16 value: x / (1 + exp(-x)) in fp32, rounded once to bf16 (returned as fp32).
+__device__ __forceinline__ float silu_bf16(float g) { return rb(g / (1.0f + expf(-g))); }
+
+// Two SwiGLU outputs packed as bf16: bf16(silu_bf16(gate) · up) (transformers:
+// act_fn(gate_proj(x)) * up_proj(x), two bf16 ops).
+__device__ __forceinline__ uint32_t swiglu2(uint32_t gate2, uint32_t up2) {
+    const float2 a = unpack2(gate2), u = unpack2(up2);
+    return pack2(__fmul_rn(silu_bf16(a.x), u.x), __fmul_rn(silu_bf16(a.y), u.y));
+}
+
+}  // namespace kern
