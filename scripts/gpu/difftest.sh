@@ -6,7 +6,7 @@
 #   (c) layer 7's RMSNorm with epsilon 1.0         -> exit 1, first divergence = l7.input_norm
 #   (d) the four decoder GEMMs on gemm_bf16        -> exit 0, kernels differ, timings shown
 #   (e) examples/vecadd vs examples/so-extract     -> exit 0 (a manifest without a step ABI)
-#   (f) --decode-fusion off vs the fused decode program (the default, fp32 residual; issue 15)
+#   (f) --decode-fusion off (the default) vs the fused decode program (fp32 residual; issue 15)
 #                                                   -> exit 0, 2:1 / 3:1 / 4:1 intervals per layer,
 #                                                      logits identical (the fused GEMVs are bit-identical)
 # Every case's text report is printed (head) and kept with its JSON under $WORK; the checks read
@@ -44,7 +44,7 @@ python3 scripts/gpu/difftest_variants.py "$M" --kernels "$KD" || fail_setup "dif
 for v in self split bad-eps gemm; do
   "$K" check "$M/model.$v.json" >/dev/null 2>"$W/check.$v.err" || { cat "$W/check.$v.err"; fail_setup "kern check model.$v.json failed"; }
 done
-# (f): the default pack (fp32 residual, fused decode GEMVs) and the same without the fusion.
+# (f): the pack with the fused decode GEMVs (fp32 residual) and the same without the fusion.
 for v in fused unfused; do
   "$K" pack --config "$M/config.json" -o "$W/$v" --kernels "$KD" --decode-fusion "$([[ $v == fused ]] && echo on || echo off)" >>"$W/setup.log" 2>&1 ||
     { cat "$W/setup.log"; fail_setup "kern pack ($v) failed"; }

@@ -5,7 +5,7 @@ real_model.py found kern's last-position logits, at a few decode steps of two of
 prompts, above the rule (1.5 x bf16's error against fp32 + 0.01), while kern's error over all
 steps is below transformers-bf16's. This script localizes it on prefill: for each chosen prompt
 and each decoder layer L it runs kern's own manifest cut right after call `l{L+1}.input_norm`
-(or, in the fused decode program kern pack writes by default, `l{L}.down_proj_qkv`: layer L's
+(or, in the fused decode program `kern pack --decode-fusion on` writes, `l{L}.down_proj_qkv`: layer L's
 residual add, its next norm and QKV) (so the buffers hold layer L's attention output `o`, MLP
 output `mlp` and the residual stream `x` after the layer) through `kern run`, and compares each with transformers' fp32 (ref32) and
 bf16 values of the same tensors (forward hooks on `self_attn` and `mlp`, and

@@ -203,8 +203,8 @@ fn every_preset_matches_itself_call_by_call() {
 
 #[test]
 fn the_fused_decode_program_pairs_with_the_unfused_one_as_fusions() {
-    // Issue 15: the fused decode program (kern_pack_qwen3::fused, the default with the fp32
-    // residual) against `--decode-fusion off`, as `kern test unfused.json fused.json` pairs
+    // Issue 15: the fused decode program (kern_pack_qwen3::fused, `--decode-fusion on` with the
+    // fp32 residual) against `--decode-fusion off`, as `kern test unfused.json fused.json` pairs
     // them. Per layer: input norm + QKV (2:1, layer 0), RoPE and attention (1:1), O + residual
     // add + norm + gate-up (3:1), SwiGLU + down + residual add + next norm + QKV (4:1), and the
     // last layer's SwiGLU + down (2:1); the residual x, qkv and gate_up are compared at every

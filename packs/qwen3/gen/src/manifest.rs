@@ -63,7 +63,9 @@ pub struct PackOptions {
     /// 7 launches per layer instead of 10, every value bit-identical to the unfused kernels;
     /// larger steps launch the unfused kernels. Needs the fp32 residual and one GPU: with
     /// `--residual bf16` or `--tp` the manifest keeps the unfused program. `false`: the unfused
-    /// program everywhere (for A/B runs and `kern test`).
+    /// program everywhere, the default: measured on the H200 (2026-12-02, fused_verify.py and
+    /// `kern bench`), the fused GEMVs are slower than the launches they save (Qwen3-4B batch 1:
+    /// 3.772 ms fused vs 3.382 ms unfused; GEMM.md "Fused decode GEMVs").
     pub decode_fusion: bool,
 }
 
@@ -82,7 +84,7 @@ impl Default for PackOptions {
             pdl: false,
             residual: Residual::F32,
             batch_gemm: BatchGemm::Wide,
-            decode_fusion: true,
+            decode_fusion: false,
         }
     }
 }

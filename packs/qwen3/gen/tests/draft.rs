@@ -44,7 +44,7 @@ fn layer_of(label: &str) -> Option<u64> {
 
 /// What the draft's calls must be, derived from the target's program without a draft: the
 /// calls of layers `>= layers` dropped, every `kv` binding moved to `draft_kv`, and the KV ops
-/// renamed (`rename`). In the fused program (the default) the draft's last layer ends as the
+/// renamed (`rename`). In the fused program (`decode_fusion`) the draft's last layer ends as the
 /// target's last layer does: its `down_proj_qkv` call (down projection + the next layer's norm
 /// and QKV) becomes `down_proj` (op swiglu_down_proj: gate_up, act, W, mlp, tokens).
 fn expected_draft(main: &Value, layers: u64, rename: &[(&str, &str)]) -> Vec<Value> {
@@ -126,10 +126,12 @@ fn draft_manifests_pass_kern_check_with_their_own_kv_and_the_target_unchanged() 
             let mut seen: Vec<u64> = draft.calls.iter().filter_map(|c| layer_of(&c.label)).collect();
             seen.dedup();
             assert_eq!(seen, (0..layers).collect::<Vec<_>>(), "{what}: exactly the first {layers} layers");
-            // Unfused (tp): embed, input norm, 9 calls a layer (+ 2 all-reduces) but the last
-            // layer's input norm, 5 at the end; fused (the default): embed, l0.qkv_proj, 4 a
-            // layer (rope, attention, o_proj_gate_up, down_proj_qkv / down_proj), 5 at the end.
-            let want = if tp.is_some() { 2 + 11 * layers - 1 + 5 } else { 2 + 4 * layers + 5 };
+            // Unfused (the default, and tp): embed, input norm, 9 calls a layer (+ 2 all-reduces
+            // with tp) but the last layer's input norm, 5 at the end; fused (`decode_fusion`):
+            // embed, l0.qkv_proj, 4 a layer (rope, attention, o_proj_gate_up, down_proj_qkv /
+            // down_proj), 5 at the end.
+            let fused = tp.is_none() && PackOptions::default().decode_fusion;
+            let want = if fused { 2 + 4 * layers + 5 } else { 2 + if tp.is_some() { 11 } else { 9 } * layers - 1 + 5 };
             assert_eq!(draft.calls.len() as u64, want, "{what}");
             // The same final norm, LM head and sampling into the step's `sampled`, as the target.
             let tail: Vec<&str> = draft.calls.iter().rev().take(5).map(|c| c.label.as_str()).collect();

@@ -1,4 +1,4 @@
-//! Issue 15: the fused decode program (`PackOptions::decode_fusion`, the default;
+//! Issue 15: the fused decode program (`PackOptions::decode_fusion`, off by default;
 //! kern_pack_qwen3::fused). Steps of at most 8 tokens launch the fused GEMVs — 7 kernels per
 //! layer instead of 10 — and larger steps launch exactly the unfused program's kernels, in the
 //! same order; the fused ops replace the per-projection ones; `--decode-fusion off`,
@@ -68,7 +68,7 @@ fn fused_program_launches_the_fused_gemvs_up_to_8_tokens_and_the_unfused_kernels
     for name in ["qwen3-0.6b", "qwen2.5-0.5b"] {
         let cfg = preset(name).unwrap();
         let layers = cfg.num_hidden_layers as usize;
-        let base = PackOptions { kernels: kernels(), max_tokens: 256, max_seqs: 64, max_context: 1024, ..Default::default() };
+        let base = PackOptions { kernels: kernels(), max_tokens: 256, max_seqs: 64, max_context: 1024, decode_fusion: true, ..Default::default() };
         let fused = pack(name, "fused", &base);
         let unfused = pack(name, "unfused", &PackOptions { decode_fusion: false, ..base.clone() });
         for op in FUSED_OPS {
@@ -112,10 +112,11 @@ fn fused_program_launches_the_fused_gemvs_up_to_8_tokens_and_the_unfused_kernels
 
 #[test]
 fn fused_program_variants_pass_kern_check_and_unfusable_ones_stay_unfused() {
-    let base = || PackOptions { kernels: kernels(), max_tokens: 128, max_seqs: 16, max_context: 1024, ..Default::default() };
+    let base = || PackOptions { kernels: kernels(), max_tokens: 128, max_seqs: 16, max_context: 1024, decode_fusion: true, ..Default::default() };
     type Variant = (&'static str, fn(&mut PackOptions), bool);
-    let variants: [Variant; 9] = [
-        ("default", |_| {}, true),
+    let variants: [Variant; 10] = [
+        ("decode fusion on", |_| {}, true),
+        ("off (the default)", |o| o.decode_fusion = PackOptions::default().decode_fusion, false),
         ("pdl", |o| o.pdl = true, true),
         ("plain attention, simt prefill", |o| {
             o.decode_attention = DecodeAttention::Plain;

@@ -9,16 +9,17 @@ use common::kernels;
 
 #[test]
 fn presets_generate_manifests_that_pass_kern_check() {
-    for name in ["qwen3-0.6b", "qwen3-4b", "qwen3-8b", "qwen2.5-0.5b"] {
+    for (name, fused) in ["qwen3-0.6b", "qwen3-4b", "qwen3-8b", "qwen2.5-0.5b"].into_iter().flat_map(|n| [(n, false), (n, true)]) {
         let cfg = preset(name).unwrap();
-        let out = std::env::temp_dir().join(format!("kern-pack-{}-{name}", std::process::id()));
-        let opts = PackOptions { kernels: kernels(), ..Default::default() };
+        let out = std::env::temp_dir().join(format!("kern-pack-{}-{name}-{fused}", std::process::id()));
+        let opts = PackOptions { kernels: kernels(), decode_fusion: fused, ..Default::default() };
         let path = generate(&cfg, &opts, &out).unwrap();
         let m = load(&path, &CheckOptions::default()).unwrap_or_else(|d| panic!("{name}: {d}"));
         let step = m.step.as_ref().expect("step ABI bound");
         assert_eq!(step.vocab, Some(151936), "{name}");
         assert!(step.kv.is_some());
-        // Calls per step (the fused decode program, the default: kern_pack_qwen3::fused):
+        // Calls per step. The unfused program (the default): embed + first norm + 9 per layer - 1
+        // + 5 at the end. The fused decode program (`decode_fusion`, kern_pack_qwen3::fused):
         // embed, l0.qkv_proj, 4 per layer (rope, attention, o_proj_gate_up, down_proj_qkv or in
         // the last layer down_proj), 5 at the end. Each projection declares one launch per M
         // range (all but one skipped at run time), plus a fused GEMV for 1..8 rows and the
@@ -26,11 +27,12 @@ fn presets_generate_manifests_that_pass_kern_check() {
         // steps; each attention call three (the default split decode attention: attention_dD,
         // or the split kernel and its combine). The unfused program declares as many launches.
         let layers = cfg.num_hidden_layers as usize;
-        assert_eq!(m.programs[0].calls.len(), 2 + 4 * layers + 5, "{name}");
+        assert_eq!(m.programs[0].calls.len(), if fused { 2 + 4 * layers + 5 } else { 2 + 9 * layers - 1 + 5 }, "{name}");
         assert_eq!(m.programs[0].launches(&m), 2 + 9 * layers - 1 + 5 + 4 * (4 * layers) + 2 * layers + 3, "{name}");
         // Exactly one GEMM launch has a positive grid for every M, in every projection; the
         // row-wise kernel beside it only above 8 rows.
-        for op_name in ["norm_qkv_proj", "o_proj_norm_gate_up", "down_proj_norm_qkv", "swiglu_down_proj"] {
+        let fused_ops: &[&str] = if fused { &["norm_qkv_proj", "o_proj_norm_gate_up", "down_proj_norm_qkv", "swiglu_down_proj"] } else { &[] };
+        for &op_name in fused_ops {
             let op = &m.ops[m.op(op_name).unwrap_or_else(|| panic!("{name}: no op {op_name}")).0];
             // (GEMMs, row-wise kernels above 8 rows): rms_norm_f32; add_rms_norm_f32; swiglu +
             // add_rms_norm_f32; swiglu.
@@ -49,6 +51,15 @@ fn presets_generate_manifests_that_pass_kern_check() {
                 assert_eq!(rowwise, if tokens <= 8 { 0 } else { rows }, "{name} {op_name}: tokens={tokens}: {live:?}");
             }
         }
+        if !fused {
+            let op = &m.ops[m.op("qkv_proj").unwrap().0];
+            for tokens in [1i64, 7, 8, 9, 16, 17, 32, 33, 64, 65, 300, 512] {
+                let mut vars = m.vars_at_max();
+                vars[m.var("tokens").unwrap().0] = tokens;
+                let live = op.launches.iter().filter(|l| l.grid.iter().all(|g| g.eval(&vars).unwrap() > 0)).count();
+                assert_eq!(live, 1, "{name}: tokens={tokens}");
+            }
+        }
         let bytes_per_token = cfg.num_hidden_layers * 2 * cfg.kv_heads() * cfg.head_dim() * 2;
         assert!(matches!(m.states[0].size, kern_manifest::StateSize::PerToken { bytes, .. } if bytes == bytes_per_token));
         // Weights: tied models alias the LM head to the embedding.
@@ -62,11 +73,14 @@ fn presets_generate_manifests_that_pass_kern_check() {
             assert_eq!(rope.args.last(), Some(&kern_manifest::LaunchArg::Const(kern_manifest::Value::I32(0))), "{name}");
             // norm_qkv_proj: [h, x, norm weight, W, bias, qkv, tokens]; down_proj_norm_qkv passes
             // the next layer's bias the same way.
+            // (unfused qkv_proj: [h, W, bias, qkv, tokens])
             let call = m.programs[0].calls.iter().find(|c| c.label == "l0.qkv_proj").unwrap();
-            assert!(matches!(call.args[4], kern_manifest::Binding::Buf(_)), "{name}: the GEMM gets the bias");
-            let call = m.programs[0].calls.iter().find(|c| c.label == "l0.down_proj_qkv").unwrap();
-            let bias1 = m.buffer("model.layers.1.self_attn.qkv_proj.bias").unwrap();
-            assert_eq!(call.args[8], kern_manifest::Binding::Buf(bias1), "{name}: layer 1's QKV bias");
+            assert!(matches!(call.args[if fused { 4 } else { 2 }], kern_manifest::Binding::Buf(_)), "{name}: the GEMM gets the bias");
+            if fused {
+                let call = m.programs[0].calls.iter().find(|c| c.label == "l0.down_proj_qkv").unwrap();
+                let bias1 = m.buffer("model.layers.1.self_attn.qkv_proj.bias").unwrap();
+                assert_eq!(call.args[8], kern_manifest::Binding::Buf(bias1), "{name}: layer 1's QKV bias");
+            }
         }
         std::fs::remove_dir_all(&out).ok();
     }
@@ -77,14 +91,18 @@ fn small_batches_get_only_the_gemm_launches_they_can_reach() {
     let cfg = preset("qwen3-0.6b").unwrap();
     let out = std::env::temp_dir().join(format!("kern-pack-small-{}", std::process::id()));
     let opts = PackOptions { kernels: kernels(), max_tokens: 256, max_seqs: 8, max_context: 1024, ..Default::default() };
-    let m = load(&generate(&cfg, &opts, &out).unwrap(), &CheckOptions::default()).unwrap_or_else(|d| panic!("{d}"));
+    let m = load(&generate(&cfg, &opts, &out.join("unfused")).unwrap(), &CheckOptions::default()).unwrap_or_else(|d| panic!("{d}"));
     assert_eq!(m.ops[m.op("lm_head").unwrap().0].launches.len(), 1, "seqs <= 8: the GEMV only");
+    assert_eq!(m.ops[m.op("qkv_proj").unwrap().0].launches.len(), 5);
+    // The fused decode program (`decode_fusion`):
+    let opts = PackOptions { kernels: kernels(), max_tokens: 256, max_seqs: 8, max_context: 1024, decode_fusion: true, ..Default::default() };
+    let m = load(&generate(&cfg, &opts, &out).unwrap(), &CheckOptions::default()).unwrap_or_else(|d| panic!("{d}"));
     // The fused GEMV (1..8 rows), then rms_norm_f32 and the GEMMs of 9..16, 17..32, 33..64, 65..
     let entries: Vec<&str> = m.ops[m.op("norm_qkv_proj").unwrap().0].launches.iter().map(|l| l.entry.as_str()).collect();
     assert_eq!(entries.len(), 6, "{entries:?}");
     assert_eq!(&entries[..2], ["gemv_bf16_rms", "rms_norm_f32"]);
     // Steps of at most 8 tokens: the fused GEMVs only, no row-wise kernel beside them.
-    let opts = PackOptions { kernels: kernels(), max_tokens: 8, max_seqs: 8, max_context: 1024, ..Default::default() };
+    let opts = PackOptions { kernels: kernels(), max_tokens: 8, max_seqs: 8, max_context: 1024, decode_fusion: true, ..Default::default() };
     let m = load(&generate(&cfg, &opts, &out.join("eight")).unwrap(), &CheckOptions::default()).unwrap_or_else(|d| panic!("{d}"));
     for (op, want) in [("norm_qkv_proj", vec!["gemv_bf16_rms"]), ("o_proj_norm_gate_up", vec!["gemv_bf16_add", "gemv_bf16_rms"]),
                        ("down_proj_norm_qkv", vec!["gemv_bf16_swiglu_add", "gemv_bf16_rms"]), ("swiglu_down_proj", vec!["gemv_bf16_swiglu"])] {

@@ -26,8 +26,12 @@ type Variant = (&'static str, fn(&mut PackOptions));
 
 #[test]
 fn f32_residual_uses_the_f32_kernels_and_passes_kern_check() {
-    let variants: [Variant; 5] = [
+    let variants: [Variant; 6] = [
         ("default", |_| {}),
+        ("decode fusion + layer-skip draft", |o| {
+            o.decode_fusion = true;
+            o.draft = Some(Draft { kind: DraftKind::LayerSkip(2), k: 3 })
+        }),
         ("layer-skip draft", |o| o.draft = Some(Draft { kind: DraftKind::LayerSkip(2), k: 3 })),
         ("tp 2", |o| o.tp = Some(2)),
         ("plain attention + pdl", |o| {
@@ -49,10 +53,10 @@ fn f32_residual_uses_the_f32_kernels_and_passes_kern_check() {
                 assert_eq!(dtype(&m, bf), DType::Bf16, "{name} {what}: {bf} stays bf16 (a GEMM's input or output)");
             }
             let programs: Vec<&str> = if opts.draft.is_some() { vec!["main", "draft"] } else { vec!["main"] };
-            // The fused decode program (the default) runs the norms inside its projection ops
+            // The fused decode program (`decode_fusion`) runs the norms inside its projection ops
             // (the fused GEMVs for 1..8 rows, the f32 row-wise kernels for larger steps); --tp
             // keeps the unfused program.
-            let fused = opts.tp.is_none();
+            let fused = opts.decode_fusion && opts.tp.is_none();
             let has = |m: &Manifest, prog: &str, label: &str, want: &[&str]| {
                 let e = entries(m, prog, label);
                 assert!(want.iter().all(|w| e.iter().any(|x| x == w)), "{name} {what} {prog}: {label} runs {e:?}, not all of {want:?}");
