@@ -33,6 +33,9 @@
 //!   file): gemv_bf16_rms (+ _pf), gemv_bf16_add, gemv_bf16_swiglu_add, gemv_bf16_swiglu.
 //! Dynamic shared = 0. Requires K % 8 == 0 and 16-byte aligned x and W; any M, N.
 #include "gemm_common.cuh"
+#ifndef KERN_HOST_EMU
+#include "gemm_cluster.cuh"
+#endif
 #include "rowwise_math.cuh"  // the fused entries' x operand: rowwise.cu's RMSNorm / SwiGLU arithmetic
 
 #include <type_traits>
@@ -44,26 +47,8 @@ namespace {
 constexpr int kRows = 16;    // W rows (outputs) per block
 constexpr int kChunk = 64;   // K elements per warp per sub-step
 
-#ifndef KERN_HOST_EMU
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// Full cluster barrier; release/acquire orders the shared-memory writes before it (own CTA's
-// and the other CTAs') with the reads after it.
-__device__ __forceinline__ void cluster_sync_all() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// Read one float of CTA `rank`'s shared memory at the address `p` has in this CTA.
-__device__ __forceinline__ float ld_dsmem_f32(const float* p, uint32_t rank) {
-  uint32_t remote;
-  float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(p)), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-}
-#endif  // (KERN_HOST_EMU: gemm_skinny_emu.h, below)
+// cluster_ctarank, cluster_sync_all, ld_dsmem_f32: gemm_cluster.cuh (included above; under
+// KERN_HOST_EMU, gemm_skinny_emu.h below)
 
 // f(std::integral_constant<int, I>) for I = B .. E-1, in order (compile-time loop index).
 template <int B, int E, typename F>

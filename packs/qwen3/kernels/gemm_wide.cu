@@ -38,7 +38,7 @@
 //! Any M (larger M loops over passes, re-reading W), any N, K % 8 == 0, x and W 16-byte aligned.
 //! PDL: the first stages' weight copies are issued before griddepcontrol.wait, x after it;
 //! launch_dependents after the last pass's main loop.
-#include "gemm_common.cuh"
+#include "gemm_cluster.cuh"
 
 using namespace kgemm;
 
@@ -49,21 +49,6 @@ constexpr int kWideChunk = 64;  // K elements per chunk
 constexpr int kWideSplit = 8;   // CTAs per cluster = warps of the 8-warp skinny family
 constexpr int kWideThreads = 128;
 
-__device__ __forceinline__ uint32_t wide_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void wide_cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ float wide_ld_dsmem(const float* p, uint32_t rank) {
-  uint32_t remote;
-  float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(p)), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-}
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -102,7 +87,7 @@ __device__ __forceinline__ void wide_gemm(const bf16* __restrict__ x, const bf16
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, q = lane & 3;
-  const int rank = static_cast<int>(wide_ctarank());  // == blockIdx.x % 8
+  const int rank = static_cast<int>(cluster_ctarank());  // == blockIdx.x % 8
   const int n0 = (blockIdx.x / kWideSplit) * kWideRows;
   const int kchunks = (K + kWideChunk - 1) / kWideChunk;
   const int cnt = rank < kchunks ? (kchunks - 1 - rank) / kWideSplit + 1 : 0;  // this CTA's chunks
@@ -202,7 +187,7 @@ __device__ __forceinline__ void wide_gemm(const bf16* __restrict__ x, const bf16
       for (int t = 0; t < kNH; ++t)
 #pragma unroll
         for (int e = 0; e < 4; ++e) red[((((warp * 2 + i) * kNH + t) * 4 + e) << 5) + lane] = acc[i][t][e];
-    wide_cluster_sync();  // all 8 partials visible cluster-wide
+    cluster_sync_all();  // all 8 partials visible cluster-wide
 
     for (int idx = rank * kWideThreads + tid; idx < kTile; idx += kWideSplit * kWideThreads) {
       const int ln = idx & 31;
@@ -217,7 +202,7 @@ __device__ __forceinline__ void wide_gemm(const bf16* __restrict__ x, const bf16
       if (row < N && tok < M) {
         float s = 0.0f;
 #pragma unroll
-        for (int c = 0; c < kWideSplit; ++c) s += wide_ld_dsmem(&red[idx], static_cast<uint32_t>(c));
+        for (int c = 0; c < kWideSplit; ++c) s += ld_dsmem_f32(&red[idx], static_cast<uint32_t>(c));
         store1(y, (long long)tok * N + row, s + bias_at(bias, row));
       }
     }
