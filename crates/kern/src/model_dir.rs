@@ -319,7 +319,7 @@ mod tests {
         let k = kernels();
         let out = packed(&snap, &models, &|| Ok(k.clone())).unwrap();
         assert_eq!(out, models.join("org--tiny"));
-        assert!(out.join("model.json").is_file() && out.join("rowwise.sm_90a.cubin").is_file());
+        assert!(out.join("model.json").is_file() && out.join("rowwise.pdl.sm_90a.cubin").is_file());
         assert!(std::fs::symlink_metadata(out.join("model.safetensors")).unwrap().file_type().is_symlink());
         assert!(out.join("tokenizer.json").exists());
         let t0 = std::fs::metadata(out.join("model.json")).unwrap().modified().unwrap();

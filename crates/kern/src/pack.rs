@@ -79,6 +79,11 @@ pub struct Args {
     /// builds, which wait first). docs/manifest.md `pdl`; docs/performance.md has its numbers.
     #[arg(long)]
     pdl: bool,
+    /// Programmatic Dependent Launch for steps of at most 8 tokens only (batch-1..8 decode):
+    /// `on`, the default, or `off`. `--pdl` (every step) speeds batch 1 up by 2–7% but slows
+    /// batch 64 by 2.5% on an H200 (docs/performance.md); this keeps the first without the second.
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+    pdl_small_steps: bool,
     /// The residual stream's dtype: `f32` (exact fp32 adds, as llama.cpp does; the GEMMs'
     /// inputs stay bf16) or `bf16` (rounded after every add, as transformers' bf16 forward).
     #[arg(long, value_name = "DTYPE", default_value = "f32")]
@@ -132,6 +137,7 @@ fn options(args: &Args) -> kern_pack_qwen3::PackOptions {
         decode_attention: args.decode_attention,
         prefill_attention: args.prefill_attention,
         pdl: args.pdl,
+        pdl_small_steps: args.pdl_small_steps,
         residual: args.residual,
         batch_gemm: args.batch_gemm,
         decode_fusion: args.decode_fusion,
@@ -409,6 +415,16 @@ mod tests {
     }
 
     #[test]
+    fn kern_pack_pdl_small_steps_option() {
+        let f = |rest: &[&str]| parse(&[&["--config", "config.json", "-o", "out"][..], rest].concat()).map(|a| options(&a).pdl_small_steps);
+        assert!(f(&[]).unwrap());
+        assert!(!f(&["--pdl-small-steps", "off"]).unwrap());
+        assert!(f(&["--pdl-small-steps", "on"]).unwrap());
+        let e = f(&["--pdl-small-steps", "1"]).unwrap_err();
+        assert!(e.contains("on or off"), "{e}");
+    }
+
+    #[test]
     fn kern_pack_batch_gemm_option() {
         use kern_pack_qwen3::BatchGemm;
         let r = |rest: &[&str]| parse(&[&["--config", "config.json", "-o", "out"][..], rest].concat()).map(|a| options(&a).batch_gemm);
@@ -440,9 +456,12 @@ mod tests {
         let args = ["--config", config.to_str().unwrap(), "-o", out.to_str().unwrap(), "--kernels", kernels.to_str().unwrap(), "--max-tokens", "64", "--max-seqs", "8", "--max-context", "512", "--decode-attention", "split"];
         run(parse(&args).unwrap()).unwrap();
         let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("model.json")).unwrap()).unwrap();
-        let entries: Vec<&str> = m["ops"]["attention"]["impl"]["launches"].as_array().unwrap().iter().map(|l| l["entry"].as_str().unwrap()).collect();
+        let mut entries: Vec<&str> = m["ops"]["attention"]["impl"]["launches"].as_array().unwrap().iter().map(|l| l["entry"].as_str().unwrap()).collect();
+        // --pdl-small-steps (the default) writes a launch that can run at both <= 8 and > 8
+        // tokens twice (with and without PDL): here the prefill kernel.
+        entries.dedup();
         assert_eq!(entries, ["attention_prefill_d128", "attention_decode_d128", "attention_combine_d128"], "tc prefill (the default), split decode");
-        assert!(out.join("attention_decode.sm_90a.cubin").exists());
+        assert!(out.join("attention_decode.pdl.sm_90a.cubin").exists());
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -48,6 +48,13 @@ pub struct PackOptions {
     /// prefetch, the others first thing (their `.pdl` builds, packs/qwen3/build.sh) — so each
     /// may start while the kernel before it finishes. Off by default until measured.
     pub pdl: bool,
+    /// Programmatic Dependent Launch for steps of at most [`PDL_SMALL_TOKENS`] tokens only
+    /// (`--pdl-small-steps`): every launch a batch-1..8 step makes is a PDL launch (the non-GEMM
+    /// modules from their `.pdl` builds), larger steps launch without it. Each non-GEMM launch is
+    /// written twice, gated by `tokens` (a grid of 0 skips a launch); the GEMM launches are
+    /// already per step size (the `gemv_bf16*` ones get the attribute). `--pdl` (every launch)
+    /// speeds batch 1 up by 2–7% but slows batch 64 by 2.5% (docs/performance.md). On by default.
+    pub pdl_small_steps: bool,
     /// The residual stream's dtype (`--residual`): [`Residual::F32`] (the default) keeps it in
     /// fp32, as llama.cpp does (the `*_f32` kernels of `rowwise`): the norms' outputs, and so
     /// every GEMM's input, are still bf16; [`Residual::Bf16`] rounds it to bf16 after every
@@ -82,6 +89,7 @@ impl Default for PackOptions {
             decode_attention: DecodeAttention::Split,
             prefill_attention: PrefillAttention::Tc,
             pdl: false,
+            pdl_small_steps: true,
             residual: Residual::F32,
             batch_gemm: BatchGemm::Wide,
             decode_fusion: false,
@@ -445,7 +453,7 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     for m in MODULES.iter().copied().filter(|m| !unused(m)).chain(split).chain(prefill_tc).chain(wide) {
         // With --pdl, the build of each non-GEMM module whose kernels wait first (the GEMM
         // kernels always wait after their weight prefetch).
-        let file = if opts.pdl && !m.starts_with("gemm_") { format!("{m}.pdl.sm_90a.cubin") } else { format!("{m}.sm_90a.cubin") };
+        let file = if (opts.pdl || opts.pdl_small_steps) && !m.starts_with("gemm_") { format!("{m}.pdl.sm_90a.cubin") } else { format!("{m}.sm_90a.cubin") };
         let src = opts.kernels.join(&file);
         let bytes = std::fs::read(&src).map_err(|e| {
             PackError::Config(format!("{}: {e}: build the pack's kernels first (bash packs/qwen3/build.sh) or pass --kernels DIR", src.display()))
@@ -456,9 +464,12 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
         modules.insert(m.to_string(), json!({"source": file, "sha256": sha}));
     }
     let mut m = build(cfg, opts, Value::Object(modules));
+    if opts.pdl_small_steps && !opts.pdl {
+        pdl_for_small_steps(&mut m, opts.max_tokens, opts.max_seqs);
+    }
     if opts.pdl {
         for op in m["ops"].as_object_mut().into_iter().flat_map(|o| o.values_mut()) {
-            for l in op["impl"]["launches"].as_array_mut().into_iter().flatten() {
+            for l in op.get_mut("impl").and_then(|i| i.get_mut("launches")).and_then(Value::as_array_mut).into_iter().flatten() {
                 l["pdl"] = json!(true);
             }
         }
@@ -468,6 +479,72 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     let text = serde_json::to_string_pretty(&m).map_err(|e| PackError::Config(e.to_string()))?;
     std::fs::write(&path, text + "\n").map_err(io(&path))?;
     Ok(path)
+}
+
+/// The most tokens of a step that `--pdl-small-steps` launches with PDL: the `gemv_bf16` bucket.
+pub const PDL_SMALL_TOKENS: u64 = 8;
+
+/// `--pdl-small-steps`: PDL for every launch of a step of at most [`PDL_SMALL_TOKENS`] tokens.
+/// A GEMM launch is already specific to its step sizes: the `gemv_bf16*` ones (1..8 rows) get
+/// the attribute (also the LM head's, whose rows are the sequences: a prefill step of at most 8
+/// sequences launches that one GEMV with PDL). Every other launch is split into a PDL copy whose grid is multiplied by
+/// "tokens <= 8" and a plain copy multiplied by "tokens > 8"; a copy that no step the vars allow
+/// can run (its grid is 0 for every tokens / seqs: e.g. a decode-only launch above 8 tokens when
+/// at most 8 sequences fit, or a launch already gated to more than 8 tokens) is left out, as
+/// `kern check` refuses launches that never run.
+fn pdl_for_small_steps(m: &mut Value, max_tokens: u64, max_seqs: u64) {
+    let small = format!("max(0, min(1, {} - tokens))", PDL_SMALL_TOKENS + 1);
+    let large = format!("max(0, min(1, tokens - {PDL_SMALL_TOKENS}))");
+    // Whether some (tokens, seqs) the vars allow gives every grid dimension of `l` a positive
+    // size (`pages` at its maximum, as the step's block table is sized).
+    let var = |n: &str| ["tokens", "seqs", "pages"].iter().position(|v| *v == n);
+    let pages = m["vars"]["pages"]["max"].as_i64().unwrap_or(1);
+    let sample = |max: u64| (1..=max.min(80) as i64).chain(std::iter::once(max as i64)).collect::<Vec<i64>>();
+    let (ts, ss) = (sample(max_tokens), sample(max_seqs));
+    let runs = |l: &Value| -> bool {
+        let dims: Vec<kern_manifest::Expr> = l["grid"].as_array().into_iter().flatten().filter_map(|g| {
+            let text = match g { Value::String(s) => s.clone(), v => v.to_string() };
+            kern_manifest::Expr::parse(&text, var).ok()
+        }).collect();
+        ts.iter().any(|&t| ss.iter().any(|&s| dims.iter().all(|e| e.eval(&[t, s, pages]).is_ok_and(|x| x > 0))))
+    };
+    for op in m["ops"].as_object_mut().into_iter().flat_map(|o| o.values_mut()) {
+        // (get_mut, not indexing: indexing a missing key would insert a null `launches` into an
+        // op without launches, such as a collective)
+        let Some(launches) = op.get_mut("impl").and_then(|i| i.get_mut("launches")).and_then(Value::as_array_mut) else { continue };
+        let mut out = Vec::with_capacity(launches.len() * 2);
+        for mut l in launches.drain(..) {
+            let module = l["module"].as_str().unwrap_or_default().to_string();
+            let entry = l["entry"].as_str().unwrap_or_default().to_string();
+            let g0 = match &l["grid"][0] {
+                Value::String(s) => s.clone(),
+                v => v.to_string(),
+            };
+            if module.starts_with("gemm_") {
+                if entry.starts_with("gemv_bf16") {
+                    l["pdl"] = json!(true);
+                }
+                out.push(l);
+            } else {
+                let mut a = l.clone();
+                a["grid"][0] = json!(format!("({g0}) * {small}"));
+                a["pdl"] = json!(true);
+                l["grid"][0] = json!(format!("({g0}) * {large}"));
+                match (runs(&a), runs(&l)) {
+                    (true, true) => out.extend([a, l]),
+                    (true, false) => {
+                        a["grid"][0] = json!(g0);
+                        out.push(a);
+                    }
+                    (false, _) => {
+                        l["grid"][0] = json!(g0);
+                        out.push(l);
+                    }
+                }
+            }
+        }
+        *launches = out;
+    }
 }
 
 /// Whether the split-KV decode kernels take `cfg`'s attention shape (`--decode-attention split`).

@@ -12,7 +12,9 @@ fn presets_generate_manifests_that_pass_kern_check() {
     for (name, fused) in ["qwen3-0.6b", "qwen3-4b", "qwen3-8b", "qwen2.5-0.5b"].into_iter().flat_map(|n| [(n, false), (n, true)]) {
         let cfg = preset(name).unwrap();
         let out = std::env::temp_dir().join(format!("kern-pack-{}-{name}-{fused}", std::process::id()));
-        let opts = PackOptions { kernels: kernels(), decode_fusion: fused, ..Default::default() };
+        // (the launch counts below are without --pdl-small-steps' second copies; the defaults
+        // themselves are checked at the end)
+        let opts = PackOptions { kernels: kernels(), decode_fusion: fused, pdl_small_steps: false, ..Default::default() };
         let path = generate(&cfg, &opts, &out).unwrap();
         let m = load(&path, &CheckOptions::default()).unwrap_or_else(|d| panic!("{name}: {d}"));
         let step = m.step.as_ref().expect("step ABI bound");
@@ -81,6 +83,11 @@ fn presets_generate_manifests_that_pass_kern_check() {
                 let bias1 = m.buffer("model.layers.1.self_attn.qkv_proj.bias").unwrap();
                 assert_eq!(call.args[8], kern_manifest::Binding::Buf(bias1), "{name}: layer 1's QKV bias");
             }
+        }
+        // The defaults (--pdl-small-steps on) pass the check too.
+        if !fused {
+            let d = out.join("defaults");
+            load(&generate(&cfg, &PackOptions { kernels: kernels(), ..Default::default() }, &d).unwrap(), &CheckOptions::default()).unwrap_or_else(|e| panic!("{name} defaults: {e}"));
         }
         std::fs::remove_dir_all(&out).ok();
     }

@@ -26,7 +26,9 @@ fn live(m: &Manifest, op: &str, tokens: i64, seqs: i64) -> Vec<String> {
 }
 
 fn tc_opts(max_tokens: u64, max_seqs: u64, decode_attention: DecodeAttention) -> PackOptions {
-    PackOptions { kernels: kernels(), max_tokens, max_seqs, max_context: 4096, decode_attention, prefill_attention: PrefillAttention::Tc, ..Default::default() }
+    // One copy of each launch (without --pdl-small-steps, whose gated copies tests/pdl.rs covers),
+    // so the grids below are the kernels' own.
+    PackOptions { kernels: kernels(), max_tokens, max_seqs, max_context: 4096, decode_attention, prefill_attention: PrefillAttention::Tc, pdl_small_steps: false, ..Default::default() }
 }
 
 #[test]

@@ -14,7 +14,11 @@ use common::kernels;
 fn entries(m: &Manifest, program: &str, label: &str) -> Vec<String> {
     let p = m.program(program).unwrap();
     let call = p.calls.iter().find(|c| c.label == label).unwrap_or_else(|| panic!("no call {label} in {program}"));
-    m.ops[call.op.0].launches.iter().map(|l| l.entry.clone()).collect()
+    // (--pdl-small-steps, the default, writes a launch twice: with PDL for small steps, without
+    // for large ones; one entry per kernel here)
+    let mut e: Vec<String> = m.ops[call.op.0].launches.iter().map(|l| l.entry.clone()).collect();
+    e.dedup();
+    e
 }
 
 fn dtype(m: &Manifest, buf: &str) -> DType {
