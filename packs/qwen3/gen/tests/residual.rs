@@ -30,7 +30,7 @@ type Variant = (&'static str, fn(&mut PackOptions));
 
 #[test]
 fn f32_residual_uses_the_f32_kernels_and_passes_kern_check() {
-    let variants: [Variant; 6] = [
+    let variants: [Variant; 7] = [
         ("default", |_| {}),
         ("decode fusion + layer-skip draft", |o| {
             o.decode_fusion = true;
@@ -38,6 +38,11 @@ fn f32_residual_uses_the_f32_kernels_and_passes_kern_check() {
         }),
         ("layer-skip draft", |o| o.draft = Some(Draft { kind: DraftKind::LayerSkip(2), k: 3 })),
         ("tp 2", |o| o.tp = Some(2)),
+        // (--pdl with --tp once wrote `"launches": null` into the all_reduce op)
+        ("tp 2 + pdl", |o| {
+            o.tp = Some(2);
+            o.pdl = true
+        }),
         ("plain attention + pdl", |o| {
             o.decode_attention = DecodeAttention::Plain;
             o.pdl = true
