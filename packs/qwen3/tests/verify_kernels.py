@@ -346,6 +346,18 @@ def guard_nan(R, kernel, shape, t, what="guard rows"):
     return ok
 
 
+def check_rows_past(R, kname, shape, out, n, T):
+    """An attention output's rows n..T-1 (padded tokens) must be zero, rows from T (past
+    num_tokens, NaN-poisoned) untouched: a "(padded rows)" result when there are padded rows,
+    a FAIL when rows past T were written."""
+    pad = out[n:T]
+    if pad.numel():
+        okp = bool((pad.double() == 0).all())
+        R.add(kernel=kname + "(padded rows)", shape=shape, status="PASS" if okp else "FAIL",
+              note="padded token rows are zero" if okp else "padded token rows not zeroed")
+    guard_nan(R, kname, shape, out[T:], "row past num_tokens")
+
+
 def gen(seed):
     g = torch.Generator(device="cpu")
     g.manual_seed(seed)
@@ -700,12 +712,7 @@ def g_attention(K, R, quick):
             ref, tbf = attention_refs(c, Hq, Hkv, D, scale)
             n = c["n_tok"]
             close(R, kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf)
-            pad = out[n:c["Tb"]]
-            if pad.numel():
-                okp = bool((pad.double() == 0).all())
-                R.add(kernel=kname + "(padded rows)", shape=shape, status="PASS" if okp else "FAIL",
-                      note="padded token rows are zero" if okp else "padded token rows not zeroed")
-            guard_nan(R, kname, shape, out[c["Tb"]:], "row past num_tokens")
+            check_rows_past(R, kname, shape, out, n, c["Tb"])
         R.case(kname, shape, run)
 
     # grid-stride robustness: a grid smaller than the work still covers every tile
@@ -846,12 +853,7 @@ def dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk, max_c
     nsplit = sorted(set(act[:n]))
     close(R, kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf,
           note=f"Z={S} max_chunks={max_chunks} min_chunk={min_chunk} chunks {nsplit[0]}..{nsplit[-1]}")
-    pad = out[n:T]
-    if pad.numel():
-        okp = bool((pad.double() == 0).all())
-        R.add(kernel=kname + "(padded rows)", shape=shape, status="PASS" if okp else "FAIL",
-              note="padded token rows are zero" if okp else "padded token rows not zeroed")
-    guard_nan(R, kname, shape, out[T:], "row past num_tokens")
+    check_rows_past(R, kname, shape, out, n, T)
     guard_nan(R, kname, shape, partial[dec_partial_floats(T, max_chunks, Hq, D):], "scratch past its size")
     hdr = [float(x) for x in partial[:T].cpu().tolist()]
     okh = hdr == [float(a) for a in act]
@@ -1413,12 +1415,7 @@ def g_attention_prefill(K, R, quick):
             diff = float((out[:n].double() - simt[:n].double()).abs().max()) if n else 0.0
             close(R, kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf,
                   note=f"max |tc - attention_d{D}| = {diff:.3e}")
-            pad = out[n:c["Tb"]]
-            if pad.numel():
-                okp = bool((pad.double() == 0).all())
-                R.add(kernel=kname + "(padded rows)", shape=shape, status="PASS" if okp else "FAIL",
-                      note="padded token rows are zero" if okp else "padded token rows not zeroed")
-            guard_nan(R, kname, shape, out[c["Tb"]:], "row past num_tokens")
+            check_rows_past(R, kname, shape, out, n, c["Tb"])
         R.case(kname, shape, run)
 
     if K.mock or quick:

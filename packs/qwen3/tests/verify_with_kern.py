@@ -512,12 +512,7 @@ def attention_cases():
             ref, tbf = vk.attention_refs(c, Hq, Hkv, D, scale)
             n = c["n_tok"]
             X.close(kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf, note="fp32 softmax/PV vs SDPA")
-            pad = out[n:c["Tb"]]
-            if pad.numel():
-                okp = bool((pad.double() == 0).all())
-                X.R.add(kernel=kname + "(padded rows)", shape=shape, status="PASS" if okp else "FAIL",
-                        note="padded token rows are zero" if okp else "padded token rows not zeroed")
-            X.guard_nan(kname, shape, out[c["Tb"]:], "row past num_tokens")
+            vk.check_rows_past(X.R, kname, shape, out, n, c["Tb"])
         cases.append(Case("attention", kname, shape, op, run))
     return cases
 
@@ -610,12 +605,7 @@ def attention_decode_cases():
             ref, tbf = vk.attention_refs(c, Hq, Hkv, D, D ** -0.5)
             n, T = c["n_tok"], c["Tb"]
             X.close(kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf, note="split-KV + combine vs SDPA")
-            pad = out[n:T]
-            if pad.numel():
-                okp = bool((pad.double() == 0).all())
-                X.R.add(kernel=kname + "(padded rows)", shape=shape, status="PASS" if okp else "FAIL",
-                        note="padded token rows are zero" if okp else "padded token rows not zeroed")
-            X.guard_nan(kname, shape, out[T:], "row past num_tokens")
+            vk.check_rows_past(X.R, kname, shape, out, n, T)
             X.guard_nan(kname, shape, partial[nP:], "scratch past its size")
             kmax = vk.dec_token_kmax(c["qs"].cpu(), c["seq_lens"].cpu(), c["Sb"], T)
             act = [float(vk.dec_chunking(k, MC, DEC_MIN_CHUNK)[1]) for k in kmax]
@@ -939,12 +929,7 @@ def attention_prefill_cases():
             ref, tbf = vk.attention_refs(c, Hq, Hkv, D, D ** -0.5)
             n = c["n_tok"]
             X.close(kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf, note="tensor cores, P as bf16 hi + lo, vs SDPA")
-            pad = out[n:c["Tb"]]
-            if pad.numel():
-                okp = bool((pad.double() == 0).all())
-                X.R.add(kernel=kname + "(padded rows)", shape=shape, status="PASS" if okp else "FAIL",
-                        note="padded token rows are zero" if okp else "padded token rows not zeroed")
-            X.guard_nan(kname, shape, out[c["Tb"]:], "row past num_tokens")
+            vk.check_rows_past(X.R, kname, shape, out, n, c["Tb"])
         cases.append(Case("attention_prefill", kname, shape, op, run))
     return cases
 
