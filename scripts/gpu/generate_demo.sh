@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kern generate end to end on the GPU machine, for README's example and a first speed reading:
 # random Qwen3 weights (real shapes) + the real Qwen3 tokenizer, one text prompt streamed, then
-# batch-1 decode of a 0.6B and a 4B shape. Expects .carry/kern, build/packs/qwen3 and the
+# batch-1 decode of a 0.6B and a 4B shape. Expects .carry/kern, build/packs and the
 # tokenizer files in .carry/tok (scripts/fetch-test-data.sh fetches them).
 set -uo pipefail
 K=${KERN:-.carry/kern}
@@ -10,7 +10,7 @@ for preset in qwen3-0.6b qwen3-4b; do
   d=$W/$preset
   $K random-weights --preset $preset -o $d >/dev/null 2>&1 || { echo "random-weights $preset failed"; exit 1; }
   cp .carry/tok/tokenizer.json .carry/tok/tokenizer_config.json $d/
-  $K pack --config $d/config.json -o $d --kernels build/packs/qwen3 --max-tokens 512 --max-seqs 64 --max-context 4096 >/dev/null || exit 1
+  $K pack --config $d/config.json -o $d --kernels build/packs --max-tokens 512 --max-seqs 64 --max-context 4096 >/dev/null || exit 1
 done
 echo "== one text prompt, streamed (random weights: the text is noise, the path is real)"
 $K generate --model $W/qwen3-0.6b --prompt "The capital of France is" --max-tokens 24 --temperature 0.7 --top-p 0.9 --seed 1

@@ -4,7 +4,7 @@
 Run on the GPU machine from the repository root, with prebuilt binaries (the GPU machine has no
 cargo) — python3 with torch, transformers 5.x, numpy, safetensors:
 
-    python3 scripts/gpu/parity.py [--kern .carry/kern] [--kernels build/packs/qwen3]
+    python3 scripts/gpu/parity.py [--kern .carry/kern] [--kernels build/packs]
         [--shapes qwen3-0.6b,qwen2.5-0.5b,qwen3-4b] [--steps 64] [--timeout 300]
     python3 scripts/gpu/parity.py --layers 2 --steps 8      # quick smoke run (shrunk models)
     python3 scripts/gpu/parity.py --selftest                # the comparison logic, CPU + numpy only
@@ -643,7 +643,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--kern", default=".carry/kern", help="the kern binary (default .carry/kern)")
-    ap.add_argument("--kernels", default="build/packs/qwen3", help="the pack's built kernels, for kern pack")
+    ap.add_argument("--kernels", default="build/packs", help="the pack's built kernels, for kern pack")
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated, of {', '.join(SHAPES)}")
     ap.add_argument("--steps", type=int, default=64, help="greedy tokens per sequence (default 64)")
     ap.add_argument("--lengths", default="5,37,120,251", help="prompt lengths (default 5,37,120,251)")

@@ -11,7 +11,7 @@ d=$W/qwen3-4b
 if [[ ! -f $d/model.json ]]; then
   $K random-weights --preset qwen3-4b -o $d >/dev/null 2>&1 || { echo "random-weights failed"; exit 1; }
   cp .carry/tok/tokenizer.json .carry/tok/tokenizer_config.json $d/
-  $K pack --config $d/config.json -o $d --kernels build/packs/qwen3 --max-tokens 2048 --max-seqs 128 --max-context 4096 >/dev/null || exit 1
+  $K pack --config $d/config.json -o $d --kernels build/packs --max-tokens 2048 --max-seqs 128 --max-context 4096 >/dev/null || exit 1
 fi
 $K serve --model $d --port 8301 --max-batched-tokens 2000 --gpu-mem 0.4 > $W/cached.log 2>&1 & p1=$!
 $K serve --model $d --port 8302 --max-batched-tokens 2000 --no-prefix-cache --gpu-mem 0.4 > $W/uncached.log 2>&1 & p2=$!

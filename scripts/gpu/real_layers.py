@@ -20,7 +20,7 @@ what is noisy. The last layer's residual is not compared (kern fuses it into the
 Run on the GPU machine after scripts/gpu/real_model.sh has set up the wheels and the GGUF:
 
     python3 scripts/gpu/real_layers.py --gguf /tmp/qwen2.5-coder-0.5b-q4km.gguf
-        [--kern .carry/kern] [--kernels build/packs/qwen3] [--prompts 3,6,0] [--work DIR]
+        [--kern .carry/kern] [--kernels build/packs] [--prompts 3,6,0] [--work DIR]
 
 Prompts are real_model.py's (0-3 chats, 4-7 code); the default takes the two that failed
 (3: the Chinese chat, 6: the numpy completion) and one that passed. Prints one table per prompt
@@ -115,7 +115,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--gguf", required=True)
     ap.add_argument("--kern", default=".carry/kern")
-    ap.add_argument("--kernels", default="build/packs/qwen3")
+    ap.add_argument("--kernels", default="build/packs")
     ap.add_argument("--prompts", default="3,6,0", help="indices into real_model.py's prompts (0-3 chats, 4-7 code)")
     ap.add_argument("--work", default="/tmp/kern-real-layers")
     ap.add_argument("--pack-arg", action="append", default=[], help="extra `kern pack` argument (repeatable), e.g. --pack-arg=--decode-attention --pack-arg=plain")

@@ -4,7 +4,7 @@
 Run on the GPU machine from the repository root (scripts/gpu/real_model.sh sets it up):
 
     python3 scripts/gpu/real_model.py --gguf /tmp/qwen2.5-coder-0.5b-q4km.gguf [--kern .carry/kern]
-        [--kernels build/packs/qwen3] [--steps 64] [--work /tmp/kern-real]
+        [--kernels build/packs] [--steps 64] [--work /tmp/kern-real]
 
 The reference is transformers loading the same GGUF (`from_pretrained(dir, gguf_file=...)`,
 which dequantizes with the `gguf` package to float32 — bit-identical to kern's dequantizer —
@@ -99,7 +99,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", required=True)
     ap.add_argument("--kern", default=".carry/kern")
-    ap.add_argument("--kernels", default="build/packs/qwen3")
+    ap.add_argument("--kernels", default="build/packs")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--work", default="/tmp/kern-real")
     ap.add_argument("--timeout", type=int, default=300)

@@ -4,7 +4,7 @@
 #
 # Carry (from the dev machine):
 #   .carry/kern              release kern (scripts/gpu/prepare-carry.sh)
-#   build/packs/qwen3        the pack's cubins (packs/qwen3/build.sh)
+#   build/packs        the pack's cubins (packs/kernels/build.sh)
 #   .whl/real-model          gguf-0.19.0 and accelerate wheels (transformers' GGUF loading needs
 #                            both; installed with --no-deps: the machine reaches no registry)
 #   the GGUF, in parts of 60 MB (shared/tools/split-for-device FILE DIR), staged into
@@ -27,4 +27,4 @@ if ! python3 -c "import gguf, accelerate" 2>/dev/null; then
   python3 -m pip install --quiet --no-deps --no-index .whl/real-model/*.whl
 fi
 python3 -c "import gguf, accelerate, transformers; print('gguf', gguf.__file__, 'transformers', transformers.__version__)"
-python3 scripts/gpu/real_model.py --gguf "$GGUF" --kern "${KERN:-.carry/kern}" --kernels build/packs/qwen3 "$@"
+python3 scripts/gpu/real_model.py --gguf "$GGUF" --kern "${KERN:-.carry/kern}" --kernels build/packs "$@"

@@ -22,7 +22,7 @@ for preset in ${PRESETS:-qwen3-0.6b qwen3-4b}; do
   d=$W/$preset
   $K random-weights --preset $preset -o $d >/dev/null 2>&1 || { row "$preset random-weights" FAIL; continue; }
   cp .carry/tok/tokenizer.json .carry/tok/tokenizer_config.json $d/
-  $K pack --config $d/config.json -o $d --kernels build/packs/qwen3 --max-tokens 2048 --max-seqs 256 --max-context 4096 >/dev/null || { row "$preset pack" FAIL; continue; }
+  $K pack --config $d/config.json -o $d --kernels build/packs --max-tokens 2048 --max-seqs 256 --max-context 4096 >/dev/null || { row "$preset pack" FAIL; continue; }
   # Greedy reference: 6 prompts, each alone through kern generate (batch 1, as the server
   # runs them one after another: a different batch composition changes bf16 rounding).
   ok=1

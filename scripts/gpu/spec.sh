@@ -20,7 +20,7 @@ d=$W/qwen3-4b
 # row computed in a 512-token step goes through other GEMM kernels than the same row in a decode
 # step, and a random model's near-tied logits flip on that rounding (the first run, 2026-12-02:
 # batch 8 differed from step 1–40 for self and skip drafts alike, batch 1 was identical).
-PACK=(--kernels build/packs/qwen3 --max-tokens 4096 --max-seqs 64 --max-context 4096)
+PACK=(--kernels build/packs --max-tokens 4096 --max-seqs 64 --max-context 4096)
 if [[ ! -f $d/model.json ]]; then
   $K random-weights --preset qwen3-4b -o $d >/dev/null 2>&1 || { echo "random-weights failed"; exit 1; }
   $K pack --config $d/config.json -o $d "${PACK[@]}" >/dev/null || exit 1

@@ -13,7 +13,7 @@ W=/tmp/kern-spec-real
 mkdir -p $W
 [[ -f $G ]] || cat /tmp/stage/part.* > $G
 rm -f $W/results.txt
-PACK=(--kernels build/packs/qwen3 --max-tokens 512 --max-seqs 32 --max-context 2048)
+PACK=(--kernels build/packs --max-tokens 512 --max-seqs 32 --max-context 2048)
 $K pack --gguf $G -o $W/model "${PACK[@]}" >/dev/null || { echo "pack failed"; exit 1; }
 $K pack --gguf $G -o $W/model-self "${PACK[@]}" --draft self --draft-k 4 >/dev/null || { echo "pack --draft self failed"; exit 1; }
 $K pack --gguf $G -o $W/model-skip "${PACK[@]}" --draft layer-skip:16 --draft-k 4 >/dev/null || { echo "pack --draft layer-skip failed"; exit 1; }

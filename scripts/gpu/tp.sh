@@ -19,13 +19,13 @@
 #       1.5 x bf16's error against fp32 + 0.01 at every step, greedy vs transformers' own
 # The last lines are a PASS/FAIL table; exit 1 if any case fails.
 #
-# Needs: 2 GPUs, .carry/kern, .carry/fixtures, build/packs/qwen3, python3 with numpy,
+# Needs: 2 GPUs, .carry/kern, .carry/fixtures, build/packs, python3 with numpy,
 # libnccl.so.2 (tp_env.sh), ~40 GB of disk for the 8B random weights.
-#   KERN=.carry/kern KERNELS=build/packs/qwen3 FIXTURES=.carry/fixtures WORK=/tmp/kern-tp PRESET=qwen3-8b BOUND=0.5
+#   KERN=.carry/kern KERNELS=build/packs FIXTURES=.carry/fixtures WORK=/tmp/kern-tp PRESET=qwen3-8b BOUND=0.5
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 K=${KERN:-.carry/kern}
-KD=${KERNELS:-build/packs/qwen3}
+KD=${KERNELS:-build/packs}
 FX=${FIXTURES:-.carry/fixtures}
 W=${WORK:-/tmp/kern-tp}
 PRESET=${PRESET:-qwen3-8b}

@@ -10,12 +10,12 @@
 # The last lines are a PASS/FAIL table; exit 1 if any case fails.
 #
 # Needs: .carry/kern (scripts/gpu/prepare-carry.sh), .carry/fixtures (vecadd.sm_90.cubin),
-# build/packs/qwen3 (bash packs/qwen3/build.sh), python3 with numpy, libnccl.so.2 (tp_env.sh).
-#   KERN=.carry/kern KERNELS=build/packs/qwen3 FIXTURES=.carry/fixtures WORK=/tmp/kern-tp1 PRESET=qwen3-0.6b
+# build/packs (bash packs/kernels/build.sh), python3 with numpy, libnccl.so.2 (tp_env.sh).
+#   KERN=.carry/kern KERNELS=build/packs FIXTURES=.carry/fixtures WORK=/tmp/kern-tp1 PRESET=qwen3-0.6b
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 K=${KERN:-.carry/kern}
-KD=${KERNELS:-build/packs/qwen3}
+KD=${KERNELS:-build/packs}
 FX=${FIXTURES:-.carry/fixtures}
 W=${WORK:-/tmp/kern-tp1}
 PRESET=${PRESET:-qwen3-0.6b}

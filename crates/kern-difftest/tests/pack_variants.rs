@@ -7,8 +7,8 @@
 use kern_difftest::report::{Divergence, Precision, StepPrecision};
 use kern_difftest::{analyze, match_only, numeric, Analysis, Verdict};
 use kern_manifest::{load, CheckOptions, Manifest};
-use kern_pack_qwen3::config::preset;
-use kern_pack_qwen3::{generate, PackOptions, Residual};
+use kern_packs::config::preset;
+use kern_packs::{generate, PackOptions, Residual};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -18,9 +18,9 @@ fn root() -> PathBuf {
 }
 
 fn kernels() -> PathBuf {
-    let p = std::env::var_os("KERN_PACK_KERNELS").map(PathBuf::from).unwrap_or_else(|| root().join("build/packs/qwen3"));
+    let p = std::env::var_os("KERN_PACK_KERNELS").map(PathBuf::from).unwrap_or_else(|| root().join("build/packs"));
     for stem in ["rowwise", "elementwise", "gemm_bf16"] {
-        assert!(p.join(format!("{stem}.sm_90a.cubin")).exists(), "{stem}.sm_90a.cubin missing in {}: run bash packs/qwen3/build.sh", p.display());
+        assert!(p.join(format!("{stem}.sm_90a.cubin")).exists(), "{stem}.sm_90a.cubin missing in {}: run bash packs/kernels/build.sh", p.display());
     }
     p
 }
@@ -203,7 +203,7 @@ fn every_preset_matches_itself_call_by_call() {
 
 #[test]
 fn the_fused_decode_program_pairs_with_the_unfused_one_as_fusions() {
-    // Issue 15: the fused decode program (kern_pack_qwen3::fused, `--decode-fusion on` with the
+    // Issue 15: the fused decode program (kern_packs::fused, `--decode-fusion on` with the
     // fp32 residual) against `--decode-fusion off`, as `kern test unfused.json fused.json` pairs
     // them. Per layer: input norm + QKV (2:1, layer 0), RoPE and attention (1:1), O + residual
     // add + norm + gate-up (3:1), SwiGLU + down + residual add + next norm + QKV (4:1), and the

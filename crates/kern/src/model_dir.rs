@@ -58,30 +58,30 @@ pub fn prepare(arg: Option<&Path>) -> Result<PathBuf> {
     packed(&dir, &kern_home().join("models"), &kernels_dir)
 }
 
-/// Where the Qwen pack's built kernels are: `$KERN_KERNELS`, `$KERN_HOME/kernels/qwen3`
+/// Where the Qwen pack's built kernels are: `$KERN_KERNELS`, `$KERN_HOME/kernels/packs`
 /// (scripts/setup.sh puts them there), the checkout this binary was built in
-/// (`<repo>/build/packs/qwen3`), or `./build/packs/qwen3`.
+/// (`<repo>/build/packs`), or `./build/packs`.
 pub fn kernels_dir() -> Result<PathBuf> {
     let mut tried = Vec::new();
     let mut cands: Vec<PathBuf> = Vec::new();
     if let Some(k) = std::env::var_os("KERN_KERNELS").filter(|v| !v.is_empty()) {
         cands.push(PathBuf::from(k));
     }
-    cands.push(kern_home().join("kernels/qwen3"));
+    cands.push(kern_home().join("kernels/packs"));
     if let Ok(exe) = std::env::current_exe() {
         // <repo>/target/<profile>/kern
         if let Some(repo) = exe.parent().and_then(Path::parent).and_then(Path::parent) {
-            cands.push(repo.join("build/packs/qwen3"));
+            cands.push(repo.join("build/packs"));
         }
     }
-    cands.push(PathBuf::from("build/packs/qwen3"));
+    cands.push(PathBuf::from("build/packs"));
     for c in cands {
         if c.join("rowwise.sm_90a.cubin").is_file() {
             return Ok(c);
         }
         tried.push(c.display().to_string());
     }
-    bail!("the Qwen pack's kernels are not built (looked in {}): run `bash scripts/setup.sh`, or build them with `bash packs/qwen3/build.sh` and set KERN_KERNELS", tried.join(", "))
+    bail!("the packs' kernels are not built (looked in {}): run `bash scripts/setup.sh`, or build them with `bash packs/kernels/build.sh` and set KERN_KERNELS", tried.join(", "))
 }
 
 /// `dir` itself when it has a `model.json`; else, for a Hugging Face checkpoint (`config.json`
@@ -103,11 +103,11 @@ fn packed(dir: &Path, models: &Path, kernels: &dyn Fn() -> Result<PathBuf>) -> R
         return Ok(out);
     }
     crate::pack::model_type(&config)?;
-    let cfg = kern_pack_qwen3::Config::from_file(&config)?;
+    let cfg = kern_packs::Config::from_file(&config)?;
     let kernels = kernels()?;
     eprintln!("packing {} into {} (first use; `kern pack` does the same)", src.display(), out.display());
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    kern_pack_qwen3::generate(&cfg, &kern_pack_qwen3::PackOptions { kernels, ..Default::default() }, &out)?;
+    kern_packs::generate(&cfg, &kern_packs::PackOptions { kernels, ..Default::default() }, &out)?;
     let mut linked = 0;
     for e in std::fs::read_dir(&src).with_context(|| format!("cannot list {}", src.display()))? {
         let p = e?.path();
@@ -282,15 +282,15 @@ mod tests {
     }
 
     fn kernels() -> PathBuf {
-        let k = std::env::var_os("KERN_PACK_KERNELS").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../build/packs/qwen3"));
-        assert!(k.join("rowwise.sm_90a.cubin").exists(), "pack kernels missing in {}: run packs/qwen3/build.sh", k.display());
+        let k = std::env::var_os("KERN_PACK_KERNELS").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../build/packs"));
+        assert!(k.join("rowwise.sm_90a.cubin").exists(), "pack kernels missing in {}: run packs/kernels/build.sh", k.display());
         k
     }
 
     #[test]
     fn a_hub_model_is_downloaded_into_the_cache_then_packed_once() {
         let d = scratch("download");
-        let config = serde_json::to_vec_pretty(&kern_pack_qwen3::config::preset("qwen3-0.6b").unwrap().to_hf_json()).unwrap();
+        let config = serde_json::to_vec_pretty(&kern_packs::config::preset("qwen3-0.6b").unwrap().to_hf_json()).unwrap();
         let api = serde_json::json!({"sha": "0123abcd", "siblings": [
             {"rfilename": "config.json"}, {"rfilename": "model.safetensors", "size": 100_000}, {"rfilename": "tokenizer.json"},
             {"rfilename": "README.md"}, {"rfilename": "pytorch_model.bin"}]});

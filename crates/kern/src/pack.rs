@@ -28,8 +28,8 @@ pub struct Args {
     /// Output directory (model.json and the cubins it references).
     #[arg(short, long)]
     out: PathBuf,
-    /// Directory with the pack's built kernels (packs/qwen3/build.sh writes build/packs/qwen3).
-    #[arg(long, default_value = "build/packs/qwen3")]
+    /// Directory with the pack's built kernels (packs/kernels/build.sh writes build/packs).
+    #[arg(long, default_value = "build/packs")]
     kernels: PathBuf,
     /// Most new tokens in one step (the prefill chunk; the `tokens` var).
     #[arg(long, default_value_t = 512)]
@@ -54,26 +54,26 @@ pub struct Args {
     /// and LM head). The manifest gets the draft program, its `draft_kv` state and a
     /// `speculative` section; serve it with --spec-draft.
     #[arg(long, value_name = "KIND")]
-    draft: Option<kern_pack_qwen3::DraftKind>,
+    draft: Option<kern_packs::DraftKind>,
     /// Draft tokens per verify step, 1 to 16 (the manifest's `speculative.k`; default 4).
     #[arg(long, value_name = "K", requires = "draft")]
     draft_k: Option<u64>,
     /// Attention of decode and verify steps (every row one token): `split`, the default
     /// (split-KV kernels that spread each sequence's context over many CTAs, with a chunking
-    /// fixed by the row so a row's bits do not depend on the step's size; packs/qwen3/KERNELS.md,
+    /// fixed by the row so a row's bits do not depend on the step's size; packs/kernels/KERNELS.md,
     /// attention_decode; Qwen3-4B batch-1 decode 4.95 → 3.39 ms on an H200,
     /// docs/performance.md) or `plain` (the attention kernel of every step).
     #[arg(long, value_name = "KIND", default_value = "split")]
-    decode_attention: kern_pack_qwen3::DecodeAttention,
+    decode_attention: kern_packs::DecodeAttention,
     /// Attention of steps with more new tokens than sequences (prefill chunks, mixed steps):
     /// `tc`, the default (attention_prefill_dD: FlashAttention-2 style on bf16 tensor cores, P
-    /// fed to P·V as two bf16 parts, ~16 bits; packs/qwen3/KERNELS.md,
+    /// fed to P·V as two bf16 parts, ~16 bits; packs/kernels/KERNELS.md,
     /// attention_prefill; 7.4× the SIMT kernel on a Qwen3-4B 8,192-token prompt on an H200) or
     /// `simt` (attention_dD, the SIMT fp32 kernel of every step). Decode and verify steps keep
     /// the --decode-attention choice. Needs head_dim 64 or 128 and at most 16 query heads per
     /// kv head.
     #[arg(long, value_name = "KIND", default_value = "tc")]
-    prefill_attention: kern_pack_qwen3::PrefillAttention,
+    prefill_attention: kern_packs::PrefillAttention,
     /// Programmatic Dependent Launch for every kernel: each may start while the kernel before
     /// it finishes (the GEMMs prefetch their weights meanwhile; the others use their `.pdl`
     /// builds, which wait first). docs/manifest.md `pdl`; docs/performance.md has its numbers.
@@ -87,16 +87,16 @@ pub struct Args {
     /// The residual stream's dtype: `f32` (exact fp32 adds, as llama.cpp does; the GEMMs'
     /// inputs stay bf16) or `bf16` (rounded after every add, as transformers' bf16 forward).
     #[arg(long, value_name = "DTYPE", default_value = "f32")]
-    residual: kern_pack_qwen3::Residual,
+    residual: kern_packs::Residual,
     /// GEMMs of steps with 9..64 rows (batched decode, speculative verify steps): `wide`, the
     /// default (gemm_wide.cu: a cluster of 8 CTAs per 64 weight rows, so x is read once per 64
     /// rows of W) or `skinny` (gemm_bf16_m16/m32/m64: each 16 weight rows read every row of x).
-    /// Both give a row the same bits as the batch-1 GEMV (packs/qwen3/GEMM.md).
+    /// Both give a row the same bits as the batch-1 GEMV (packs/kernels/GEMM.md).
     #[arg(long, value_name = "KIND", default_value = "wide")]
-    batch_gemm: kern_pack_qwen3::BatchGemm,
+    batch_gemm: kern_packs::BatchGemm,
     /// Fused decode GEMVs: `on` (steps of at most 8 tokens run the RMSNorm inside the QKV and
     /// gate-up GEMVs, the SwiGLU inside the down GEMV and the residual adds in the O and down
-    /// GEMVs: 7 launches per layer instead of 10, bit-identical; packs/qwen3/GEMM.md, "Fused
+    /// GEMVs: 7 launches per layer instead of 10, bit-identical; packs/kernels/GEMM.md, "Fused
     /// decode GEMVs") or `off`, the default (the unfused program: on an H200 the fused GEMVs
     /// measured slower than the launches they save, Qwen3-4B batch 1 3.77 vs 3.38 ms). Needs
     /// `--residual f32` and no `--tp` (otherwise the unfused program is written).
@@ -125,15 +125,15 @@ pub(crate) fn model_type(config: &Path) -> Result<String> {
 }
 
 /// The pack options `args` ask for (both the --config and the --gguf path).
-fn options(args: &Args) -> kern_pack_qwen3::PackOptions {
-    kern_pack_qwen3::PackOptions {
+fn options(args: &Args) -> kern_packs::PackOptions {
+    kern_packs::PackOptions {
         kernels: args.kernels.clone(),
         max_tokens: args.max_tokens,
         max_seqs: args.max_seqs,
         max_context: args.max_context,
         page_tokens: args.page_tokens,
         tp: args.tp,
-        draft: args.draft.map(|kind| kern_pack_qwen3::Draft { kind, k: args.draft_k.unwrap_or(kern_pack_qwen3::manifest::DEFAULT_DRAFT_K) }),
+        draft: args.draft.map(|kind| kern_packs::Draft { kind, k: args.draft_k.unwrap_or(kern_packs::manifest::DEFAULT_DRAFT_K) }),
         decode_attention: args.decode_attention,
         prefill_attention: args.prefill_attention,
         pdl: args.pdl,
@@ -151,8 +151,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let config = args.config.as_ref().expect("clap requires --config without --gguf");
     let _ = model_type(config)?;
-    let cfg = kern_pack_qwen3::Config::from_file(config)?;
-    let path = kern_pack_qwen3::generate(&cfg, &opts, &args.out)?;
+    let cfg = kern_packs::Config::from_file(config)?;
+    let path = kern_packs::generate(&cfg, &opts, &args.out)?;
     // The generated manifest must pass the same check `kern check` runs.
     let m = crate::check::load(&path, kern_binary::Arch::new(90))?;
     eprintln!("wrote {}:", path.display());
@@ -162,11 +162,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
 
 /// `kern pack --gguf FILE -o DIR`: config from the GGUF metadata, the manifest with GGUF tensor
 /// names, FILE linked into DIR, and every weight checked against the file's tensors.
-fn run_gguf(file: &Path, opts: &kern_pack_qwen3::PackOptions, out: &Path) -> Result<ExitCode> {
+fn run_gguf(file: &Path, opts: &kern_packs::PackOptions, out: &Path) -> Result<ExitCode> {
     let ckpt = kern_weights::Checkpoint::open(file)?;
     let g = ckpt.gguf().ok_or_else(|| anyhow!("{}: not a GGUF file", file.display()))?;
-    let cfg = kern_pack_qwen3::gguf::config(g, file)?;
-    let path = kern_pack_qwen3::generate_for_gguf(&cfg, opts, out)?;
+    let cfg = kern_packs::gguf::config(g, file)?;
+    let path = kern_packs::generate_for_gguf(&cfg, opts, out)?;
     let hf = serde_json::to_string_pretty(&cfg.to_hf_json())?;
     std::fs::write(out.join("config.json"), hf + "\n").with_context(|| format!("cannot write {}", out.join("config.json").display()))?;
     let linked = link_gguf(file, out)?;
@@ -279,9 +279,9 @@ pub fn random(args: RandomArgs) -> Result<ExitCode> {
     let mut cfg = match (&args.config, &args.preset) {
         (Some(c), _) => {
             let _ = model_type(c)?;
-            kern_pack_qwen3::Config::from_file(c)?
+            kern_packs::Config::from_file(c)?
         }
-        (None, Some(p)) => kern_pack_qwen3::config::preset(p)?,
+        (None, Some(p)) => kern_packs::config::preset(p)?,
         (None, None) => bail!("give --config FILE or --preset NAME"),
     };
     if let Some(l) = args.layers {
@@ -290,7 +290,7 @@ pub fn random(args: RandomArgs) -> Result<ExitCode> {
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(indicatif::ProgressStyle::with_template("{msg} {bar:40} {bytes}/{total_bytes} ({eta})").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
     bar.set_message("writing random weights");
-    kern_pack_qwen3::random::write(&cfg, args.seed, &args.out, args.shard_size, |done, total| {
+    kern_packs::random::write(&cfg, args.seed, &args.out, args.shard_size, |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     })?;
@@ -303,7 +303,7 @@ pub fn random(args: RandomArgs) -> Result<ExitCode> {
 mod tests {
     use super::*;
     use clap::Parser;
-    use kern_pack_qwen3::{Draft, DraftKind};
+    use kern_packs::{Draft, DraftKind};
 
     #[derive(Parser)]
     struct Cli {
@@ -316,9 +316,9 @@ mod tests {
     }
 
     fn kernels() -> PathBuf {
-        // `$KERN_PACK_KERNELS`, else the repo's build (as packs/qwen3/gen's tests).
-        let p = std::env::var_os("KERN_PACK_KERNELS").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/packs/qwen3"));
-        assert!(p.join("rowwise.sm_90a.cubin").exists(), "pack kernels missing in {}: run packs/qwen3/build.sh", p.display());
+        // `$KERN_PACK_KERNELS`, else the repo's build (as packs's tests).
+        let p = std::env::var_os("KERN_PACK_KERNELS").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/packs"));
+        assert!(p.join("rowwise.sm_90a.cubin").exists(), "pack kernels missing in {}: run packs/kernels/build.sh", p.display());
         p
     }
 
@@ -347,7 +347,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("kern-pack-cli-draft-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let cfg = kern_pack_qwen3::config::preset("qwen3-0.6b").unwrap(); // 28 layers
+        let cfg = kern_packs::config::preset("qwen3-0.6b").unwrap(); // 28 layers
         let config = dir.join("config.json");
         std::fs::write(&config, serde_json::to_string(&cfg.to_hf_json()).unwrap()).unwrap();
         let kernels = kernels();
@@ -378,7 +378,7 @@ mod tests {
     /// `--residual` reaches the pack options (default f32); a wrong value names the choices.
     #[test]
     fn kern_pack_residual_option() {
-        use kern_pack_qwen3::Residual;
+        use kern_packs::Residual;
         let r = |rest: &[&str]| parse(&[&["--config", "config.json", "-o", "out"][..], rest].concat()).map(|a| options(&a).residual);
         assert_eq!(r(&[]).unwrap(), Residual::F32);
         assert_eq!(r(&["--residual", "bf16"]).unwrap(), Residual::Bf16);
@@ -400,7 +400,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("kern-pack-cli-fusion-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let cfg = kern_pack_qwen3::config::preset("qwen3-0.6b").unwrap();
+        let cfg = kern_packs::config::preset("qwen3-0.6b").unwrap();
         let config = dir.join("config.json");
         std::fs::write(&config, serde_json::to_string(&cfg.to_hf_json()).unwrap()).unwrap();
         let kernels = kernels();
@@ -426,7 +426,7 @@ mod tests {
 
     #[test]
     fn kern_pack_batch_gemm_option() {
-        use kern_pack_qwen3::BatchGemm;
+        use kern_packs::BatchGemm;
         let r = |rest: &[&str]| parse(&[&["--config", "config.json", "-o", "out"][..], rest].concat()).map(|a| options(&a).batch_gemm);
         assert_eq!(r(&[]).unwrap(), BatchGemm::Wide);
         assert_eq!(r(&["--batch-gemm", "skinny"]).unwrap(), BatchGemm::Skinny);
@@ -437,7 +437,7 @@ mod tests {
 
     #[test]
     fn kern_pack_decode_attention_split() {
-        use kern_pack_qwen3::DecodeAttention;
+        use kern_packs::DecodeAttention;
         let da = |rest: &[&str]| parse(&[&["--config", "config.json", "-o", "out"][..], rest].concat()).map(|a| options(&a).decode_attention);
         assert_eq!(da(&[]).unwrap(), DecodeAttention::Split);
         assert_eq!(da(&["--decode-attention", "split"]).unwrap(), DecodeAttention::Split);
@@ -448,7 +448,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("kern-pack-cli-split-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let cfg = kern_pack_qwen3::config::preset("qwen3-0.6b").unwrap();
+        let cfg = kern_packs::config::preset("qwen3-0.6b").unwrap();
         let config = dir.join("config.json");
         std::fs::write(&config, serde_json::to_string(&cfg.to_hf_json()).unwrap()).unwrap();
         let kernels = kernels();

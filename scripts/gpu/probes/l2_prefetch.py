@@ -5,7 +5,7 @@ from L2?  Sequence per repetition: gemv(qkv) -> busy(~BUSY us, optionally prefet
 -> gemv(o), with weight sets rotated so nothing is L2-resident from the previous repetition.
 Prints the median time of the whole sequence and of gemv(o) alone, with and without the prefetch.
 
-usage: python3 scripts/gpu/probes/l2_prefetch.py build/packs/qwen3 .carry/probes/l2_prefetch.cubin
+usage: python3 scripts/gpu/probes/l2_prefetch.py build/packs .carry/probes/l2_prefetch.cubin
 """
 import sys
 

@@ -1,0 +1,437 @@
+// Runs packs/kernels/attention_decode.cu on the CPU (emu.h) against an fp64 reference:
+// decode and verify rows, padded tokens and sequences, several chunk limits and grid z sizes and
+// both head dims; rows that take one chunk must be bit-identical to attention.cu's attention_dD
+// (run the same way). Then batch invariance: the same rows in steps of 1, 3, 8 and 64 rows, at
+// several grid z sizes and as verify rows must be bit-identical (run_invariance).
+// Checks the logic (token lookup, chunking, scratch layout, combine), not GPU behaviour.
+//
+//   bash packs/kernels/verify/host_emu/run.sh
+#include "../../attention_decode.cu"
+
+// attention_emu.cpp: attention.cu's entries (another translation unit).
+extern "C" void attention_d128(kern::bf16*, const kern::bf16*, const kern::bf16*, const int*, const int*, const int*, int,
+                               int, int, int, int, int, int, int, int, float);
+extern "C" void attention_d64(kern::bf16*, const kern::bf16*, const kern::bf16*, const int*, const int*, const int*, int,
+                              int, int, int, int, int, int, int, int, float);
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <string>
+
+static uint16_t bf(float f) { return __float2bfloat16_rn(f).x; }
+static float fb(uint16_t u) { return __bfloat162float(__nv_bfloat16{u}); }
+static const uint16_t BF_NAN = 0x7fc0;
+
+struct Case {
+    std::string name;
+    int Hq, Hkv, D, pt;
+    std::vector<int> groups;                 // context of each sequence (its pages and K/V)
+    std::vector<std::pair<int, int>> rows;   // (group, ctx): a one-token row
+    int pad_t, pad_s, S, min_chunk;            // S: the grid's z size
+    std::vector<std::pair<int, int>> prefill;  // optional: (cached, new) sequences instead of rows
+    int max_chunks = 0;                        // the kernel's max_chunks; 0: S
+};
+
+static int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+static bool run_case(const Case& c, unsigned seed) {
+    const int layers = 2, layer = 1, Hq = c.Hq, Hkv = c.Hkv, D = c.D, pt = c.pt, G = Hq / Hkv;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    // sequences: from rows (one token each, sharing a group's pages) or prefill specs
+    struct Seq { int group, ctx, n_new; };
+    std::vector<int> gctx = c.groups;
+    std::vector<Seq> seqs;
+    if (c.prefill.empty()) {
+        for (auto [g, ctx] : c.rows) seqs.push_back({g, ctx, 1});
+    } else {
+        gctx.clear();
+        for (size_t i = 0; i < c.prefill.size(); ++i) {
+            gctx.push_back(c.prefill[i].first + c.prefill[i].second);
+            seqs.push_back({(int)i, gctx.back(), c.prefill[i].second});
+        }
+    }
+    std::vector<int> pages_per;
+    for (int x : gctx) pages_per.push_back(cdiv(x, pt));
+    const int max_pages = *std::max_element(pages_per.begin(), pages_per.end()) + 1;
+    int total_pages = 3;
+    for (int p : pages_per) total_pages += p;
+    std::vector<int> perm(total_pages);
+    for (int i = 0; i < total_pages; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<std::vector<int>> gpages;
+    int it = 0;
+    for (int p : pages_per) {
+        gpages.emplace_back(perm.begin() + it, perm.begin() + it + p);
+        it += p;
+    }
+    const size_t row = (size_t)Hkv * D, page_elems = (size_t)pt * layers * 2 * row;
+    std::vector<uint16_t> pool((size_t)total_pages * page_elems, BF_NAN);
+    std::vector<std::vector<float>> K(gctx.size()), V(gctx.size());
+    for (size_t g = 0; g < gctx.size(); ++g) {
+        K[g].resize((size_t)gctx[g] * row);
+        V[g].resize((size_t)gctx[g] * row);
+        for (int p = 0; p < gctx[g]; ++p)
+            for (size_t e = 0; e < row; ++e) {
+                const uint16_t kb = bf(nd(rng)), vb = bf(nd(rng));
+                K[g][p * row + e] = fb(kb);
+                V[g][p * row + e] = fb(vb);
+                const size_t page = gpages[g][p / pt], off = p % pt;
+                pool[page * page_elems + ((size_t)(layer * 2 + 0) * pt + off) * row + e] = kb;
+                pool[page * page_elems + ((size_t)(layer * 2 + 1) * pt + off) * row + e] = vb;
+            }
+    }
+    const int S = (int)seqs.size(), Sb = S + c.pad_s;
+    int n_tok = 0;
+    for (auto& s : seqs) n_tok += s.n_new;
+    const int T = n_tok + c.pad_t;
+    std::vector<int> bt((size_t)Sb * max_pages, -1), qs, sl;
+    qs.push_back(0);
+    for (int i = 0; i < S; ++i) {
+        for (size_t j = 0; j < gpages[seqs[i].group].size(); ++j) bt[(size_t)i * max_pages + j] = gpages[seqs[i].group][j];
+        qs.push_back(qs.back() + seqs[i].n_new);
+        sl.push_back(seqs[i].ctx);
+    }
+    for (int i = 0; i < c.pad_s; ++i) {
+        qs.push_back(qs.back());
+        sl.push_back(0);
+    }
+    const int q_stride = (Hq + 2 * Hkv) * D;
+    std::vector<uint16_t> qkv((size_t)T * q_stride);
+    for (auto& x : qkv) x = bf(nd(rng));
+    const int MC = c.max_chunks ? c.max_chunks : c.S;
+    const size_t nP = (size_t)cdiv(T, 4) * 4 + (size_t)MC * T * Hq * (D + 4);
+    std::vector<float> partial(nP + 64, NAN);
+    std::vector<uint16_t> out((size_t)(T + 1) * Hq * D, BF_NAN);
+    const float scale = 1.0f / std::sqrt((float)D);
+    auto* qp = reinterpret_cast<const kern::bf16*>(qkv.data());
+    auto* kvp = reinterpret_cast<const kern::bf16*>(pool.data());
+    auto* op = reinterpret_cast<kern::bf16*>(out.data());
+    emu_launch(uint3_{(unsigned)T, (unsigned)Hkv, (unsigned)c.S}, 128, [&] {
+        if (D == 128)
+            attention_decode_d128(partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq,
+                                  Hkv, layer, layers, pt, scale, c.min_chunk, MC);
+        else
+            attention_decode_d64(partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq,
+                                 Hkv, layer, layers, pt, scale, c.min_chunk, MC);
+    });
+    emu_launch(uint3_{(unsigned)T, (unsigned)Hq, 1}, (unsigned)D, [&] {
+        if (D == 128)
+            attention_combine_d128(op, partial.data(), T, Hq);
+        else
+            attention_combine_d64(op, partial.data(), T, Hq);
+    });
+    // attention_dD on the same inputs: rows of one split must be bit-identical to it
+    std::vector<uint16_t> att((size_t)T * Hq * D, BF_NAN);
+    auto* ap = reinterpret_cast<kern::bf16*>(att.data());
+    emu_launch(uint3_{(unsigned)(cdiv(T, 32 / G) + Sb), (unsigned)Hkv, 1}, 128, [&] {
+        if (D == 128)
+            attention_d128(ap, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer, layers, pt,
+                           scale);
+        else
+            attention_d64(ap, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer, layers, pt,
+                          scale);
+    });
+    int single_rows = 0, single_diff = 0;
+    // reference (fp64) and checks
+    double err = 0, mx = 0;
+    int bad_hdr = 0, bad_pad = 0, bad_guard = 0, nonfinite = 0, max_act = 0;
+    int t = 0;
+    for (int s = 0; s < S; ++s) {
+        const Seq& q = seqs[s];
+        for (int i = 0; i < q.n_new; ++i, ++t) {
+            const int kmax = q.ctx - q.n_new + i + 1;
+            const int mc = std::max(32, cdiv(c.min_chunk, 32) * 32);
+            const int chunk = std::max(mc, cdiv(cdiv(kmax, MC), 32) * 32);
+            const int act = cdiv(kmax, chunk);
+            max_act = std::max(max_act, act);
+            if (partial[t] != (float)act) ++bad_hdr;
+            if (act == 1) {
+                ++single_rows;
+                for (int e = 0; e < Hq * D; ++e) single_diff += out[(size_t)t * Hq * D + e] != att[(size_t)t * Hq * D + e];
+            }
+            for (int h = 0; h < Hq; ++h) {
+                const int kh = h / G;
+                std::vector<double> sc(kmax);
+                double m = -1e300;
+                for (int j = 0; j < kmax; ++j) {
+                    double d = 0;
+                    for (int e = 0; e < D; ++e)
+                        d += (double)fb(qkv[(size_t)t * q_stride + (size_t)h * D + e]) * K[q.group][(size_t)j * row + kh * D + e];
+                    sc[j] = d * scale;
+                    m = std::max(m, sc[j]);
+                }
+                double L = 0;
+                for (auto& x : sc) L += (x = std::exp(x - m));
+                for (int e = 0; e < D; ++e) {
+                    double o = 0;
+                    for (int j = 0; j < kmax; ++j) o += sc[j] * V[q.group][(size_t)j * row + kh * D + e];
+                    o /= L;
+                    const float got = fb(out[((size_t)t * Hq + h) * D + e]);
+                    if (!std::isfinite(got)) ++nonfinite;
+                    err = std::max(err, std::fabs(got - o));
+                    mx = std::max(mx, std::fabs(o));
+                }
+            }
+        }
+    }
+    for (; t < T; ++t) {
+        if (partial[t] != 0.f) ++bad_hdr;
+        for (int e = 0; e < Hq * D; ++e) bad_pad += out[(size_t)t * Hq * D + e] != 0 && out[(size_t)t * Hq * D + e] != 0x8000;
+    }
+    for (int e = 0; e < Hq * D; ++e) bad_guard += out[(size_t)T * Hq * D + e] != BF_NAN;
+    for (size_t e = nP; e < partial.size(); ++e) bad_guard += !std::isnan(partial[e]);
+    const double tol = std::ldexp(mx, -7);
+    const bool ok = err <= tol && !bad_hdr && !bad_pad && !bad_guard && !nonfinite && !single_diff;
+    std::printf("[%s] %s: Hq=%d Hkv=%d D=%d page %d rows %d+%d Z=%d max_chunks %d min_chunk %d: max err %.3e (tol %.3e), up "
+                "to %d chunks, %d single-chunk rows %s attention_d%d%s%s%s%s\n",
+                ok ? "PASS" : "FAIL", c.name.c_str(), Hq, Hkv, D, pt, n_tok, c.pad_t, c.S, MC, c.min_chunk, err, tol, max_act,
+                single_rows, single_diff ? "NOT bit-identical to" : "bit-identical to", D,
+                bad_hdr ? ", BAD HEADER" : "", bad_pad ? ", padded rows not zero" : "", bad_guard ? ", GUARD WRITTEN" : "",
+                nonfinite ? ", NON-FINITE" : "");
+    return ok;
+}
+
+// ---- batch invariance: the same rows (same sequence KV, same position, same query) computed in
+// decode steps of 1, 3, 8 and 64 rows, with several grid z sizes, and as k + 1 consecutive
+// one-token rows of one sequence (a verify step), must give BIT-IDENTICAL outputs.
+struct InvFixture {
+    int Hq, Hkv, D, pt, max_chunks, min_chunk;
+    int layers = 2, layer = 1, max_pages = 0;
+    std::vector<int> gctx;                 // each group's KV length
+    std::vector<std::vector<int>> gpages;  // each group's pages
+    std::vector<uint16_t> pool;
+};
+
+static InvFixture inv_fixture(int Hq, int Hkv, int D, int pt, int max_chunks, std::vector<int> gctx, unsigned seed) {
+    InvFixture f{Hq, Hkv, D, pt, max_chunks, 64};
+    f.gctx = gctx;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    int total = 2;
+    for (int x : gctx) {
+        f.max_pages = std::max(f.max_pages, cdiv(x, pt) + 1);
+        total += cdiv(x, pt);
+    }
+    std::vector<int> perm(total);
+    for (int i = 0; i < total; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    int it = 0;
+    for (int x : gctx) {
+        f.gpages.emplace_back(perm.begin() + it, perm.begin() + it + cdiv(x, pt));
+        it += cdiv(x, pt);
+    }
+    const size_t row = (size_t)Hkv * D, page_elems = (size_t)pt * f.layers * 2 * row;
+    f.pool.assign((size_t)total * page_elems, BF_NAN);
+    for (size_t g = 0; g < gctx.size(); ++g)
+        for (int p = 0; p < gctx[g]; ++p)
+            for (int kv = 0; kv < 2; ++kv)
+                for (size_t e = 0; e < row; ++e)
+                    f.pool[(size_t)f.gpages[g][p / pt] * page_elems + ((size_t)(f.layer * 2 + kv) * pt + p % pt) * row + e] =
+                        bf(nd(rng));
+    return f;
+}
+
+// A row: sequence group g's token at position ctx - 1 (ctx visible keys); its query depends on
+// (g, ctx) only.
+struct InvRow {
+    int g, ctx;
+};
+
+// One decode step over `seqs` (each a list of one-token rows sharing the group's block-table row:
+// one row is a decode row, k + 1 consecutive rows a verify step's), plus pad_t padded tokens and
+// pad_s padded sequences, with grid z = Z. Returns per row, in order, its output (Hq * D bf16)
+// followed by its scratch records in chunk order ({o, m, l} of every head, as 16-bit halves of
+// the fp32 bits; the header's chunk count first): the records must be bit-identical too, which
+// catches a chunking that depends on the step even where the bf16 output happens to round the
+// same. `bad` counts scratch guard writes and non-zero padded rows.
+static std::vector<std::vector<uint16_t>> inv_step(const InvFixture& f, const std::vector<InvRow>& rows, int pad_t, int pad_s,
+                                                   int Z, int& bad) {
+    const int Hq = f.Hq, Hkv = f.Hkv, D = f.D, q_stride = (Hq + 2 * Hkv) * D;
+    const int n = (int)rows.size(), T = n + pad_t, Sb = n + pad_s;
+    std::vector<int> bt((size_t)Sb * f.max_pages, -1), qs{0}, sl;
+    std::vector<uint16_t> qkv((size_t)T * q_stride, BF_NAN);  // k and v parts are never read
+    for (int i = 0; i < n; ++i) {
+        const InvRow& r = rows[i];
+        for (size_t j = 0; j < f.gpages[r.g].size(); ++j) bt[(size_t)i * f.max_pages + j] = f.gpages[r.g][j];
+        qs.push_back(i + 1);
+        sl.push_back(r.ctx);
+        std::mt19937 rng(1000003u * (unsigned)r.g + (unsigned)r.ctx);
+        std::normal_distribution<float> nd(0.f, 1.f);
+        for (int e = 0; e < Hq * D; ++e) qkv[(size_t)i * q_stride + e] = bf(nd(rng));
+    }
+    for (int i = 0; i < pad_s; ++i) {
+        qs.push_back(n);
+        sl.push_back(0);
+    }
+    for (int t = n; t < T; ++t)
+        for (int e = 0; e < Hq * D; ++e) qkv[(size_t)t * q_stride + e] = bf(1.f);
+    const size_t nP = (size_t)cdiv(T, 4) * 4 + (size_t)f.max_chunks * T * Hq * (D + 4);
+    std::vector<float> partial(nP + 64, NAN);
+    std::vector<uint16_t> out((size_t)T * Hq * D, BF_NAN);
+    const float scale = 1.0f / std::sqrt((float)D);
+    auto* qp = reinterpret_cast<const kern::bf16*>(qkv.data());
+    auto* kvp = reinterpret_cast<const kern::bf16*>(f.pool.data());
+    emu_launch(uint3_{(unsigned)T, (unsigned)Hkv, (unsigned)Z}, 128, [&] {
+        if (D == 128)
+            attention_decode_d128(partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, f.max_pages, q_stride, Hq,
+                                  Hkv, f.layer, f.layers, f.pt, scale, f.min_chunk, f.max_chunks);
+        else
+            attention_decode_d64(partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, f.max_pages, q_stride, Hq,
+                                 Hkv, f.layer, f.layers, f.pt, scale, f.min_chunk, f.max_chunks);
+    });
+    emu_launch(uint3_{(unsigned)T, (unsigned)Hq, 1}, (unsigned)D, [&] {
+        auto* op = reinterpret_cast<kern::bf16*>(out.data());
+        if (D == 128)
+            attention_combine_d128(op, partial.data(), T, Hq);
+        else
+            attention_combine_d64(op, partial.data(), T, Hq);
+    });
+    for (size_t e = nP; e < partial.size(); ++e) bad += !std::isnan(partial[e]);
+    for (size_t e = (size_t)n * Hq * D; e < out.size(); ++e) bad += out[e] != 0 && out[e] != 0x8000;
+    std::vector<std::vector<uint16_t>> res;
+    auto push32 = [](std::vector<uint16_t>& v, float x) {
+        uint32_t u;
+        std::memcpy(&u, &x, 4);
+        v.push_back((uint16_t)(u & 0xffff));
+        v.push_back((uint16_t)(u >> 16));
+    };
+    for (int i = 0; i < n; ++i) {
+        std::vector<uint16_t> r(out.begin() + (size_t)i * Hq * D, out.begin() + (size_t)(i + 1) * Hq * D);
+        const int nc = (int)partial[i];
+        push32(r, partial[i]);
+        for (int c = 0; c < nc; ++c)
+            for (int h = 0; h < Hq; ++h)
+                for (int e = 0; e < D + 2; ++e) push32(r, partial[dec_record(T, Hq, D, c, i, h) + e]);
+        res.push_back(std::move(r));
+    }
+    return res;
+}
+
+// The manifest's grid z for a step of `seqs` rows of a model with `hkv_model` kv heads
+// (packs: decode_splits); the fixtures below run fewer kv heads than the model whose
+// grid they mimic, to keep the emulation short.
+static int inv_grid_z(int seqs, int hkv_model, int max_chunks) {
+    return std::max(1, std::min(max_chunks, cdiv(264, seqs * hkv_model)));
+}
+
+static bool run_invariance(const char* name, int Hq, int Hkv, int D, int max_chunks, int hkv_model, std::vector<int> ctxs,
+                           unsigned seed) {
+    // group 0: a 4096-token sequence; group 1: a short one for filler rows
+    const InvFixture f = inv_fixture(Hq, Hkv, D, 16, max_chunks, {4096, 96}, seed);
+    auto Zs = [&](int seqs) { return inv_grid_z(seqs, hkv_model, max_chunks); };
+    std::vector<InvRow> rows;
+    for (int c : ctxs) rows.push_back({0, c});
+    // (g, ctx) -> the row's output the first time it was computed; every later one must equal it
+    std::map<std::pair<int, int>, std::vector<uint16_t>> ref;
+    int diff_rows = 0, compared = 0, bad = 0, steps = 0;
+    auto step = [&](const std::vector<InvRow>& s, int pad_t, int pad_s, int Z) {
+        ++steps;
+        const auto got = inv_step(f, s, pad_t, pad_s, Z, bad);
+        for (size_t i = 0; i < s.size(); ++i) {
+            auto [it, fresh] = ref.try_emplace({s[i].g, s[i].ctx}, got[i]);
+            if (fresh) continue;
+            ++compared;
+            if (it->second != got[i]) {
+                if (diff_rows < 4)
+                    std::printf("    differs: group %d ctx %d in a step of %zu rows, grid z %d\n", s[i].g, s[i].ctx, s.size(), Z);
+                ++diff_rows;
+            }
+        }
+    };
+    // steps of 1 at batch 1's grid z (every chunk its own CTA), then two at z = 1
+    for (auto& r : rows) step({r}, 0, 0, Zs(1));
+    step({rows.back()}, 0, 0, 1);
+    step({rows[rows.size() / 2]}, 0, 0, 1);
+    // steps of 3 (+ a padded token and a padded sequence), at the manifest's z
+    for (size_t i = 0; i < rows.size(); i += 3) {
+        std::vector<InvRow> s(rows.begin() + i, rows.begin() + std::min(rows.size(), i + 3));
+        step(s, 1, 1, Zs(3));
+    }
+    // steps of 8 (rows in another order), at the manifest's z and at others
+    for (int Z : {Zs(8), 2, 7, max_chunks}) {
+        std::vector<InvRow> s;
+        for (size_t i = 0; i < 8; ++i) s.push_back(rows[(i * 5 + Z) % rows.size()]);
+        std::sort(s.begin(), s.end(), [](const InvRow& a, const InvRow& b) { return a.ctx < b.ctx; });
+        s.erase(std::unique(s.begin(), s.end(), [](const InvRow& a, const InvRow& b) { return a.ctx == b.ctx; }), s.end());
+        std::reverse(s.begin(), s.end());
+        step(s, 0, 0, Z);
+    }
+    // a step of 64 rows: every row above between short filler rows of group 1, at the manifest's
+    // z and at z = 1
+    {
+        std::vector<InvRow> s;
+        std::mt19937 rng(seed + 1);
+        size_t next = 0;
+        while (s.size() < 64) {
+            if (next < rows.size() && (rng() % 4 == 0 || 64 - s.size() <= rows.size() - next))
+                s.push_back(rows[next++]);
+            else
+                s.push_back({1, 1 + (int)(rng() % 96)});
+        }
+        step(s, 0, 0, Zs(64));
+        step(s, 0, 0, 1);
+    }
+    // verify steps: k + 1 consecutive one-token rows of one sequence (one block-table row,
+    // consecutive seq_lens); their rows again as decode rows of steps of 1; then a step of two
+    // sequences' verify rows, a decode row and padding
+    for (auto [k, last] : {std::pair{4, 65}, {3, 65}, {4, 2049}, {4, 4096}, {3, 4096}}) {
+        std::vector<InvRow> s;
+        for (int i = 0; i <= k; ++i) s.push_back({0, last - k + i});
+        step(s, 0, 0, Zs((int)s.size()));
+    }
+    for (int c : {62, 2047, 4093}) step({{0, c}}, 0, 0, Zs(1));
+    {
+        std::vector<InvRow> s;
+        for (int i = 0; i < 5; ++i) s.push_back({0, 4092 + i});
+        for (int i = 0; i < 5; ++i) s.push_back({1, 92 + i});
+        s.push_back({0, rows[rows.size() / 2].ctx});
+        step(s, 2, 1, Zs((int)s.size()));
+    }
+    const bool ok = diff_rows == 0 && bad == 0 && compared > 0;
+    std::printf("[%s] batch invariance, %s: Hq=%d Hkv=%d D=%d max_chunks %d: %d steps of 1 to 64 rows, %d rows compared with "
+                "their first result (output and chunk records), %d not bit-identical%s\n",
+                ok ? "PASS" : "FAIL", name, Hq, Hkv, D, max_chunks, steps, compared, diff_rows,
+                bad ? ", GUARD WRITTEN or padded rows not zero" : "");
+    return ok;
+}
+
+int main() {
+    auto plain = [](std::vector<int> ctx) {
+        std::vector<std::pair<int, int>> r;
+        for (size_t i = 0; i < ctx.size(); ++i) r.push_back({(int)i, ctx[i]});
+        return r;
+    };
+    std::vector<Case> cases = {
+        {"b=1 ctx 1", 8, 2, 128, 16, {1}, plain({1}), 0, 0, 64, 64},
+        {"b=1 ctx 17", 4, 2, 64, 16, {17}, plain({17}), 0, 0, 64, 64},
+        {"b=1 ctx 1000, 4B-like group", 16, 4, 128, 16, {1000}, plain({1000}), 0, 0, 33, 64},
+        {"b=3 ctx 15/16/255 + pad", 8, 2, 64, 16, {15, 16, 255}, plain({15, 16, 255}), 1, 1, 11, 64},
+        {"verify rows 5 + decode + pad, page 64", 8, 2, 128, 64, {300, 40}, {{0, 296}, {0, 297}, {0, 298}, {0, 299}, {0, 300}, {1, 40}}, 2, 2, 7, 32},
+        {"S=1", 4, 2, 128, 16, {200, 1}, plain({200, 1}), 0, 0, 1, 64},
+        {"S=128 min_chunk 1", 4, 2, 64, 16, {4096}, plain({4096}), 0, 0, 128, 1},
+        {"G=7 D=64", 14, 2, 64, 16, {129, 64}, plain({129, 64}), 0, 0, 5, 64},
+        {"G=16 D=128", 16, 1, 128, 16, {100}, plain({100}), 0, 0, 3, 32},
+        {"G=1 D=128", 2, 2, 128, 16, {77}, plain({77}), 1, 0, 2, 32},
+        {"mixed prefill/decode step", 8, 2, 64, 16, {}, {}, 3, 2, 4, 32, {{10, 5}, {0, 1}, {40, 1}, {0, 9}}},
+        // grid z below max_chunks: CTAs loop over chunks z, z + Z, ...
+        {"Z=1 max_chunks 33 (one CTA streams all chunks)", 8, 2, 128, 16, {4096, 255, 65}, plain({4096, 255, 65}), 1, 1, 1, 64, {}, 33},
+        {"Z=5 max_chunks 33, 4B-like group", 16, 4, 128, 16, {1000, 3000}, plain({1000, 3000}), 0, 0, 5, 64, {}, 33},
+        {"Z=3 max_chunks 64 verify rows, D=64", 14, 2, 64, 16, {700}, {{0, 696}, {0, 697}, {0, 698}, {0, 699}, {0, 700}}, 1, 1, 3, 64, {}, 64},
+        {"Z=40 > max_chunks 7", 8, 2, 64, 16, {500, 33}, plain({500, 33}), 0, 0, 40, 32, {}, 7},
+    };
+    int fails = 0, n = 0;
+    for (auto& c : cases) {
+        fails += !run_case(c, 1234 + n);
+        ++n;
+    }
+    // Qwen3-4B's chunking and grids (8 kv heads: max_chunks 33) at G = 4, D = 128, and
+    // Qwen2.5-0.5B's (2 kv heads: max_chunks 64) at G = 7, D = 64, each on one kv head (the
+    // emulation's time goes by CTAs)
+    fails += !run_invariance("4B-like chunking, D=128 G=4", 4, 1, 128, 33, 8, {1, 33, 64, 65, 255, 1000, 2049, 4000, 4096}, 77);
+    fails += !run_invariance("0.5B-like chunking, D=64 G=7", 7, 1, 64, 64, 2, {1, 65, 300, 2049, 4096}, 78);
+    n += 2;
+    std::printf("%d passed, %d failed\n", n - fails, fails);
+    return fails ? 1 : 0;
+}

@@ -1,0 +1,167 @@
+//! The fused decode program's ops (issue 15, `PackOptions::decode_fusion`; packs/kernels/GEMM.md,
+//! "Fused decode GEMVs"; KERNELS.md, "Fused decode ops").
+//!
+//! A decode step of at most [`FUSED_MAX_TOKENS`] tokens (the `gemv_bf16` bucket) runs the
+//! RMSNorm inside the QKV and gate-up GEMVs (`gemv_bf16_rms`), the SwiGLU inside the down GEMV
+//! and the residual adds in the O and down GEMVs' epilogues (`gemv_bf16_add`,
+//! `gemv_bf16_swiglu_add`): 7 launches per layer instead of 10, every value bit-identical to the
+//! unfused kernels (rowwise.cu's `rms_norm_f32` / `add_rms_norm_f32` / `swiglu`, then
+//! `gemv_bf16`). An op's outputs must not depend on the step size, and larger steps run the
+//! unfused kernels, so the ops are cut where both decompositions have a boundary:
+//!
+//! | op | computes | ≤ 8 tokens | > 8 tokens |
+//! |---|---|---|---|
+//! | `norm_qkv_proj` | h = rmsnorm(x)·w; qkv = h·Wᵀ (+b) | `gemv_bf16_rms` | `rms_norm_f32`, GEMM |
+//! | `o_proj_norm_gate_up` | o = attn·Woᵀ; x += o; h = rmsnorm(x)·w; gate_up = h·Wguᵀ | `gemv_bf16_add`, `gemv_bf16_rms` | GEMM, `add_rms_norm_f32`, GEMM |
+//! | `down_proj_norm_qkv` | act = swiglu(gate_up); mlp = act·Wdᵀ; x += mlp; h = rmsnorm(x)·w′; qkv = h·W′ᵀ (+b′) | `gemv_bf16_swiglu_add`, `gemv_bf16_rms` | `swiglu`, GEMM, `add_rms_norm_f32`, GEMM |
+//! | `swiglu_down_proj` | act = swiglu(gate_up); mlp = act·Wdᵀ | `gemv_bf16_swiglu` | `swiglu`, GEMM |
+//!
+//! (w′, W′, b′: the next layer's input norm and QKV.) So steps above 8 tokens launch exactly the
+//! unfused program's kernels. The GEMMs of more than 8 rows are `gemm_launches`' (without its
+//! GEMV launch), whatever it picks for each range.
+
+use serde_json::{json, Map, Value};
+
+/// The most tokens a step may have for the fused GEMVs: the `gemv_bf16` bucket of
+/// `gemm_launches` (whose GEMV launch the fused ops replace).
+pub const FUSED_MAX_TOKENS: u64 = 8;
+
+/// The norm-prologue GEMV the ops launch. `gemv_bf16_rms_pf` (the same bits, plus an L2 bulk
+/// prefetch of the CTA's weight rows issued before its norm prologue) is the experimental
+/// alternative `packs/kernels/verify/fused_verify.py` times beside it.
+pub const RMS_ENTRY: &str = "gemv_bf16_rms";
+
+/// The model's sizes the fused ops need (one rank's: the fused program is single-GPU).
+pub(crate) struct Sizes {
+    /// Hidden size (the residual row).
+    pub h: u64,
+    /// Intermediate size.
+    pub i: u64,
+    /// QKV output size.
+    pub qkv: u64,
+    /// Attention output size (the O projection's K).
+    pub attn: u64,
+    /// RMSNorm epsilon.
+    pub eps: f64,
+    /// The `tokens` var's maximum.
+    pub max_tokens: u64,
+}
+
+/// 1 when 1 <= tokens <= FUSED_MAX_TOKENS, else 0 (grid factor of the fused launches).
+fn small() -> String {
+    format!("max(0, min(1, tokens)) * max(0, min(1, {} - tokens))", FUSED_MAX_TOKENS + 1)
+}
+
+/// 1 when tokens > FUSED_MAX_TOKENS, else 0 (grid factor of the unfused launches).
+fn large() -> String {
+    format!("max(0, min(1, tokens - {FUSED_MAX_TOKENS}))")
+}
+
+fn p(i: usize) -> Value {
+    json!({"param": i})
+}
+
+fn null() -> Value {
+    json!({"null": true})
+}
+
+/// A fused GEMV launch of `gemm_skinny` (gemv_bf16's CTA: 256 threads, ceil(N/16) CTAs).
+fn gemv(entry: &str, params: &[&str], n: u64, args: Vec<Value>) -> Value {
+    json!({"module": "gemm_skinny", "entry": entry, "params": params, "block": [256],
+           "grid": [format!("ceil({n}/16) * {}", small())], "shared": 0, "args": args})
+}
+
+/// A row-wise launch of `rowwise` for steps above FUSED_MAX_TOKENS (one CTA per token).
+fn rowwise(entry: &str, params: &[&str], block: u64, args: Vec<Value>) -> Value {
+    json!({"module": "rowwise", "entry": entry, "params": params, "block": [block],
+           "grid": [format!("tokens * {}", large())], "args": args})
+}
+
+/// `gemm_launches`' launches without its GEMV (the fused GEMVs replace it), their arguments
+/// (x, W, bias, y, M: `{"param": 0..4}`) replaced by `with`.
+fn gemm(launches: Vec<Value>, with: [Value; 5]) -> Vec<Value> {
+    let before = launches.len();
+    let mut out: Vec<Value> = launches.into_iter().filter(|l| l["entry"] != "gemv_bf16").collect();
+    assert_eq!(out.len() + 1, before, "gemm_launches has exactly one gemv_bf16 launch (the 1..{FUSED_MAX_TOKENS} bucket)");
+    for l in &mut out {
+        for a in l["args"].as_array_mut().expect("args") {
+            if let Some(i) = a.get("param").and_then(Value::as_u64) {
+                *a = with[i as usize].clone();
+            }
+        }
+    }
+    out
+}
+
+const RMS: [&str; 10] = ["in buffer<f32>", "in buffer<bf16>", "out buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32", "i32", "i32", "f32"];
+const ADD: [&str; 8] = ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "inout buffer<f32>", "i32", "i32", "i32"];
+const SWIGLU_ADD: [&str; 9] = ["in buffer<bf16>", "out buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "inout buffer<f32>", "i32", "i32", "i32"];
+const SWIGLU: [&str; 8] = ["in buffer<bf16>", "out buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32", "i32", "i32"];
+const RMS_NORM_F32: [&str; 6] = ["out buffer<bf16>", "in buffer<f32>", "in buffer<bf16>", "i32", "i32", "f32"];
+const ADD_RMS_NORM_F32: [&str; 7] = ["out buffer<bf16>", "inout buffer<f32>", "in buffer<bf16>", "in buffer<bf16>", "i32", "i32", "f32"];
+const SWIGLU_ROW: [&str; 4] = ["out buffer<bf16>", "in buffer<bf16>", "i32", "i32"];
+
+/// The fused program's ops (table above). `gemm(n, k)`: `gemm_launches` for `y[tokens, n] =
+/// x[tokens, k]·Wᵀ` (bf16 out), whose GEMV launch is dropped here.
+pub(crate) fn ops(s: &Sizes, gemm_launches: impl Fn(u64, u64) -> Vec<Value>) -> Map<String, Value> {
+    let large_steps = s.max_tokens > FUSED_MAX_TOKENS;
+    // The unfused launches of steps above FUSED_MAX_TOKENS, only where such steps exist (a
+    // launch that can never run does not check).
+    let when_large = |ls: Vec<Value>| if large_steps { ls } else { vec![] };
+    let (h, i, eps) = (s.h, s.i, s.eps);
+    let rms = |res: usize, w: usize, out: usize, wt: usize, bias: Value, y: usize, m: usize, n: u64| {
+        gemv(RMS_ENTRY, &RMS, n, vec![p(res), p(w), p(out), p(wt), bias, p(y), p(m), json!({"i32": n}), json!({"i32": h}), json!({"f32": eps})])
+    };
+    let rms_norm = |out: usize, x: usize, w: usize, m: usize| {
+        rowwise("rms_norm_f32", &RMS_NORM_F32, 128, vec![p(out), p(x), p(w), p(m), json!({"i32": h}), json!({"f32": eps})])
+    };
+    let add_rms_norm = |out: usize, res: usize, x: usize, w: usize, m: usize| {
+        rowwise("add_rms_norm_f32", &ADD_RMS_NORM_F32, 128, vec![p(out), p(res), p(x), p(w), p(m), json!({"i32": h}), json!({"f32": eps})])
+    };
+    let swiglu = |act: usize, gu: usize, m: usize| rowwise("swiglu", &SWIGLU_ROW, 256, vec![p(act), p(gu), p(m), json!({"i32": i})]);
+
+    let mut ops = Map::new();
+    // [out h, in x, in w, in Wqkv, ptr bias, out qkv, tokens]
+    let mut l = vec![rms(1, 2, 0, 3, p(4), 5, 6, s.qkv)];
+    l.extend(when_large(vec![rms_norm(0, 1, 2, 6)]));
+    l.extend(gemm(gemm_launches(s.qkv, h), [p(0), p(3), p(4), p(5), p(6)]));
+    ops.insert(
+        "norm_qkv_proj".into(),
+        json!({"params": ["out buffer<bf16>", "in buffer<f32>", "in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": l}}),
+    );
+
+    // [in attn, in Wo, out o, inout x, in w_post, out h, in Wgu, out gate_up, tokens]
+    let mut l = vec![gemv("gemv_bf16_add", &ADD, h, vec![p(0), p(1), null(), p(2), p(3), p(8), json!({"i32": h}), json!({"i32": s.attn})])];
+    l.extend(gemm(gemm_launches(h, s.attn), [p(0), p(1), null(), p(2), p(8)]));
+    l.extend(when_large(vec![add_rms_norm(5, 3, 2, 4, 8)]));
+    l.push(rms(3, 4, 5, 6, null(), 7, 8, 2 * i));
+    l.extend(gemm(gemm_launches(2 * i, h), [p(5), p(6), null(), p(7), p(8)]));
+    ops.insert(
+        "o_proj_norm_gate_up".into(),
+        json!({"params": ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "inout buffer<f32>", "in buffer<bf16>", "out buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32"],
+               "impl": {"launches": l}}),
+    );
+
+    // [in gate_up, out act, in Wd, out mlp, inout x, in w_in', out h, in Wqkv', ptr bias', out qkv, tokens]
+    let mut l = vec![gemv("gemv_bf16_swiglu_add", &SWIGLU_ADD, h, vec![p(0), p(1), p(2), null(), p(3), p(4), p(10), json!({"i32": h}), json!({"i32": i})])];
+    l.extend(when_large(vec![swiglu(1, 0, 10)]));
+    l.extend(gemm(gemm_launches(h, i), [p(1), p(2), null(), p(3), p(10)]));
+    l.extend(when_large(vec![add_rms_norm(6, 4, 3, 5, 10)]));
+    l.push(rms(4, 5, 6, 7, p(8), 9, 10, s.qkv));
+    l.extend(gemm(gemm_launches(s.qkv, h), [p(6), p(7), p(8), p(9), p(10)]));
+    ops.insert(
+        "down_proj_norm_qkv".into(),
+        json!({"params": ["in buffer<bf16>", "out buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "inout buffer<f32>", "in buffer<bf16>", "out buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"],
+               "impl": {"launches": l}}),
+    );
+
+    // [in gate_up, out act, in Wd, out mlp, tokens]
+    let mut l = vec![gemv("gemv_bf16_swiglu", &SWIGLU, h, vec![p(0), p(1), p(2), null(), p(3), p(4), json!({"i32": h}), json!({"i32": i})])];
+    l.extend(when_large(vec![swiglu(1, 0, 4)]));
+    l.extend(gemm(gemm_launches(h, i), [p(1), p(2), null(), p(3), p(4)]));
+    ops.insert(
+        "swiglu_down_proj".into(),
+        json!({"params": ["in buffer<bf16>", "out buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32"], "impl": {"launches": l}}),
+    );
+    ops
+}

@@ -1,0 +1,87 @@
+//! Issue 15: `--batch-gemm` (`PackOptions::batch_gemm`). With `wide` (the default) every
+//! projection runs `gemm_wide.cu`'s cluster entries for 33..64 rows (and 17..32 when K >= 2560)
+//! — grid `ceil(N/64)·8`, a multiple of the cluster size 8 — beside the GEMV for 1..8 rows,
+//! gemm_bf16_m16/m32 for the other small steps and wgmma above 64; the
+//! manifest passes `kern check` against the pack's real cubins (with PDL and a draft program
+//! too); `skinny` keeps the 8-warp `gemm_bf16_m16/m32/m64` and has no `gemm_wide` module; a pack
+//! whose steps never reach 9 rows has no `gemm_wide` module either.
+
+use kern_manifest::{load, CheckOptions, Manifest};
+use kern_packs::config::preset;
+use kern_packs::{generate, BatchGemm, Draft, DraftKind, PackOptions};
+mod common;
+use common::kernels;
+
+/// The entry of `op` that runs at `m` rows (its var: `tokens`, or `seqs` for the LM head), and
+/// its grid's x size. Exactly one launch may run.
+fn running(m: &Manifest, op: &str, var: &str, rows: i64) -> (String, i64) {
+    let mut v = m.vars_at_max();
+    v[m.var(var).unwrap().0] = rows;
+    if var == "seqs" {
+        v[m.var("tokens").unwrap().0] = rows.min(v[m.var("tokens").unwrap().0]);
+    }
+    let live: Vec<_> = m.ops[m.op(op).unwrap().0]
+        .launches
+        .iter()
+        .filter(|l| l.grid.iter().all(|g| g.eval(&v).unwrap() > 0))
+        .map(|l| (l.entry.clone(), l.grid[0].eval(&v).unwrap()))
+        .collect();
+    assert_eq!(live.len(), 1, "{op} at {rows} rows: {live:?}");
+    live[0].clone()
+}
+
+/// The unfused program (`decode_fusion: false`): its per-projection ops (qkv_proj, ...) show the
+/// GEMM choice per row count; the fused ops take the same launches above 8 rows (fused.rs).
+fn opts(batch_gemm: BatchGemm) -> PackOptions {
+    PackOptions { kernels: kernels(), max_tokens: 256, max_seqs: 64, batch_gemm, decode_fusion: false, ..Default::default() }
+}
+
+#[test]
+fn wide_batch_gemms_run_for_9_to_64_rows_and_pass_kern_check() {
+    let cfg = preset("qwen3-0.6b").unwrap();
+    let out = std::env::temp_dir().join(format!("kern-pack-wide-{}", std::process::id()));
+    let m = load(&generate(&cfg, &opts(BatchGemm::Wide), &out).unwrap(), &CheckOptions::default()).unwrap();
+    assert!(m.modules.iter().any(|x| x.name == "gemm_wide"), "no gemm_wide module");
+    // (op, var, N) of Qwen3-0.6B: qkv 2048 + 2·1024, o 1024, gate_up 2·3072, down 1024, vocab.
+    // (op, var, N, K) of Qwen3-0.6B: qkv 2048 + 2·1024, o 1024, gate_up 2·3072, down 1024, vocab.
+    for (op, var, n, k) in [("qkv_proj", "tokens", 4096, 1024), ("o_proj", "tokens", 1024, 2048), ("gate_up_proj", "tokens", 6144, 1024), ("down_proj", "tokens", 1024, 3072), ("lm_head", "seqs", 151936, 1024)] {
+        let sfx = if op == "lm_head" { "_f32out" } else { "" };
+        // 17..32 rows: wide only when K >= 2560 (down_proj's K 3072 here).
+        let m32 = if k >= 2560 { "gemm_bf16_w32" } else { "gemm_bf16_m32" };
+        for (rows, want) in [(1, "gemv_bf16"), (8, "gemv_bf16"), (9, "gemm_bf16_m16"), (16, "gemm_bf16_m16"), (17, m32), (32, m32), (33, "gemm_bf16_w64"), (64, "gemm_bf16_w64")] {
+            let (entry, gx) = running(&m, op, var, rows);
+            assert_eq!(entry, format!("{want}{sfx}"), "{op} at {rows} rows");
+            let wide = want.contains("_w");
+            let want_gx = if wide { (n as i64 + 63) / 64 * 8 } else { (n as i64 + 15) / 16 };
+            assert_eq!(gx, want_gx, "{op} at {rows} rows: grid x");
+        }
+        if var == "tokens" {
+            assert!(running(&m, op, var, 65).0.starts_with("gemm_bf16_wgmma"), "{op} at 65 rows");
+        }
+    }
+    // With PDL and a self draft (whose verify steps are the 9..64-row case) it still checks.
+    let mut o = opts(BatchGemm::Wide);
+    o.pdl = true;
+    o.draft = Some(Draft { kind: DraftKind::SelfDraft, k: 4 });
+    load(&generate(&cfg, &o, &out.join("pdl")).unwrap(), &CheckOptions::default()).unwrap();
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn skinny_batch_gemms_and_small_packs_have_no_wide_module() {
+    let cfg = preset("qwen3-0.6b").unwrap();
+    let out = std::env::temp_dir().join(format!("kern-pack-skinny-{}", std::process::id()));
+    let m = load(&generate(&cfg, &opts(BatchGemm::Skinny), &out).unwrap(), &CheckOptions::default()).unwrap();
+    assert!(!m.modules.iter().any(|x| x.name == "gemm_wide"));
+    for (rows, want) in [(9, "gemm_bf16_m16"), (32, "gemm_bf16_m32"), (64, "gemm_bf16_m64")] {
+        assert_eq!(running(&m, "down_proj", "tokens", rows).0, want);
+    }
+    // Steps of at most 8 rows: only the GEMV, and no module nobody launches.
+    let mut small = opts(BatchGemm::Wide);
+    small.max_tokens = 8;
+    small.max_seqs = 8;
+    let m = load(&generate(&cfg, &small, &out.join("small")).unwrap(), &CheckOptions::default()).unwrap();
+    assert!(!m.modules.iter().any(|x| x.name == "gemm_wide"));
+    assert_eq!(running(&m, "down_proj", "tokens", 8).0, "gemv_bf16");
+    let _ = std::fs::remove_dir_all(&out);
+}

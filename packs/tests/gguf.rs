@@ -1,0 +1,204 @@
+//! `kern pack --gguf`: small Qwen2 and Qwen3 GGUF files written here give a config from their
+//! metadata and a manifest whose every weight loads from the file's tensors (names mapped,
+//! shapes reversed from GGUF order, tied or separate output), passing `kern check` against the
+//! pack's real cubins. Other architectures are refused with the supported list.
+
+use kern_manifest::{load, CheckOptions, DType};
+use kern_packs::{generate_for_gguf, PackOptions};
+use kern_weights::Checkpoint;
+use std::path::{Path, PathBuf};
+mod common;
+use common::kernels;
+use kern_weights::gguf_write::string as strv;
+
+/// Appends a GGUF string to `out`.
+fn s(out: &mut Vec<u8>, v: &str) {
+    out.extend_from_slice(&strv(v));
+}
+
+/// A GGUF v3 file: metadata (key, type id, value bytes) and tensors (name, GGUF dims, type id)
+/// with seeded data: Q8_0 blocks with small f16 scales, f32 tensors near 1.
+fn gguf(kv: &[(&str, u32, Vec<u8>)], tensors: &[(String, Vec<u64>, u32)]) -> Vec<u8> {
+    let mut w = kern_weights::gguf_write::Writer::new();
+    for (k, t, v) in kv {
+        w.kv(k, *t, v);
+    }
+    let mut seed = 1u32;
+    for (name, dims, ty) in tensors {
+        let n: u64 = dims.iter().product();
+        let bytes = match ty {
+            0 => n * 4,
+            8 => n / 32 * 34,
+            _ => unreachable!(),
+        };
+        let data = (0..bytes as usize)
+            .map(|i| {
+                seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+                match ty {
+                    8 if i % 34 == 1 => 0x20,
+                    0 if i % 4 == 3 => 0x3f,
+                    _ => (seed >> 24) as u8,
+                }
+            })
+            .collect();
+        w.tensor(name, dims, *ty, data);
+    }
+    w.bytes()
+}
+
+fn u32v(v: u32) -> Vec<u8> {
+    v.to_le_bytes().to_vec()
+}
+
+fn f32v(v: f32) -> Vec<u8> {
+    v.to_le_bytes().to_vec()
+}
+
+
+/// A 2-layer model: hidden 128, 2 heads of 64, 1 kv head, ffn 256, vocab 64.
+fn model(arch: &str, tied: bool, extra: &[(&str, u32, Vec<u8>)]) -> Vec<u8> {
+    let (h, d, hq, hkv, i, v) = (128u64, 64u64, 2u64, 1u64, 256u64, 64u64);
+    let mut tokens = 8u32.to_le_bytes().to_vec();
+    tokens.extend_from_slice(&v.to_le_bytes());
+    for t in 0..v {
+        s(&mut tokens, &format!("t{t}"));
+    }
+    let k = |n: &str| format!("{arch}.{n}");
+    let mut kv: Vec<(String, u32, Vec<u8>)> = vec![
+        ("general.architecture".into(), 8, strv(arch)),
+        (k("block_count"), 4, u32v(2)),
+        (k("context_length"), 4, u32v(4096)),
+        (k("embedding_length"), 4, u32v(h as u32)),
+        (k("feed_forward_length"), 4, u32v(i as u32)),
+        (k("attention.head_count"), 4, u32v(hq as u32)),
+        (k("attention.head_count_kv"), 4, u32v(hkv as u32)),
+        (k("rope.freq_base"), 6, f32v(1e6)),
+        (k("attention.layer_norm_rms_epsilon"), 6, f32v(1e-6)),
+        ("tokenizer.ggml.tokens".into(), 9, tokens),
+    ];
+    for (a, b, c) in extra {
+        kv.push((a.to_string(), *b, c.clone()));
+    }
+    let mut t: Vec<(String, Vec<u64>, u32)> = vec![("token_embd.weight".into(), vec![h, v], 8), ("output_norm.weight".into(), vec![h], 0)];
+    if !tied {
+        t.push(("output.weight".into(), vec![h, v], 8));
+    }
+    for l in 0..2 {
+        let p = format!("blk.{l}");
+        t.push((format!("{p}.attn_norm.weight"), vec![h], 0));
+        t.push((format!("{p}.attn_q.weight"), vec![h, hq * d], 8));
+        t.push((format!("{p}.attn_k.weight"), vec![h, hkv * d], 8));
+        t.push((format!("{p}.attn_v.weight"), vec![h, hkv * d], 8));
+        if arch == "qwen2" {
+            t.push((format!("{p}.attn_q.bias"), vec![hq * d], 0));
+            t.push((format!("{p}.attn_k.bias"), vec![hkv * d], 0));
+            t.push((format!("{p}.attn_v.bias"), vec![hkv * d], 0));
+        } else {
+            t.push((format!("{p}.attn_q_norm.weight"), vec![d], 0));
+            t.push((format!("{p}.attn_k_norm.weight"), vec![d], 0));
+        }
+        t.push((format!("{p}.attn_output.weight"), vec![hq * d, h], 8));
+        t.push((format!("{p}.ffn_norm.weight"), vec![h], 0));
+        t.push((format!("{p}.ffn_gate.weight"), vec![h, i], 8));
+        t.push((format!("{p}.ffn_up.weight"), vec![h, i], 8));
+        t.push((format!("{p}.ffn_down.weight"), vec![i, h], 8));
+    }
+    let kv: Vec<(&str, u32, Vec<u8>)> = kv.iter().map(|(a, b, c)| (a.as_str(), *b, c.clone())).collect();
+    gguf(&kv, &t)
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+#[test]
+fn qwen2_and_qwen3_gguf_pack_and_every_weight_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    for (arch, tied) in [("qwen2", false), ("qwen3", true)] {
+        let file = write(dir.path(), &format!("{arch}.gguf"), &model(arch, tied, &[]));
+        let ckpt = Checkpoint::open(&file).unwrap();
+        let cfg = kern_packs::gguf::config(ckpt.gguf().unwrap(), &file).unwrap();
+        assert_eq!((cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers), (128, 256, 2), "{arch}");
+        assert_eq!((cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim(), cfg.vocab_size), (2, 1, 64, 64), "{arch}");
+        assert_eq!((cfg.rms_norm_eps, cfg.rope_theta, cfg.max_position_embeddings), (1e-6, 1e6, Some(4096)), "{arch}");
+        assert_eq!(cfg.tie_word_embeddings, tied);
+        assert_eq!(cfg.qkv_bias(), arch == "qwen2");
+        assert_eq!(cfg.qk_norm(), arch == "qwen3");
+
+        let out = dir.path().join(format!("{arch}-packed"));
+        let opts = PackOptions { kernels: kernels(), max_tokens: 64, max_seqs: 4, max_context: 256, ..Default::default() };
+        let path = generate_for_gguf(&cfg, &opts, &out).unwrap();
+        let m = load(&path, &CheckOptions::default()).unwrap_or_else(|d| panic!("{arch}: {d}"));
+        let problems = kern_weights::check(&ckpt, &m.buffers);
+        assert!(problems.is_empty(), "{arch}: {problems:#?}");
+        assert!(kern_weights::unused_tensors(&ckpt, &m.buffers).is_empty(), "{arch}: every tensor is used");
+
+        // The fused QKV weight is Q, K, V dequantized and stacked: [256, 128] as bf16.
+        let qkv = &m.buffers[m.buffer("model.layers.1.self_attn.qkv_proj.weight").unwrap().0];
+        let mut got = vec![0u8; qkv.bytes_at_max as usize];
+        kern_weights::materialize(&ckpt, qkv, &mut got).unwrap();
+        let want: Vec<u8> = ["blk.1.attn_q.weight", "blk.1.attn_k.weight", "blk.1.attn_v.weight"]
+            .iter()
+            .flat_map(|n| ckpt.read_as(n, DType::Bf16).unwrap())
+            .collect();
+        assert!(got == want, "{arch}: qkv");
+        let lm = &m.buffers[m.buffer("lm_head.weight").unwrap().0];
+        assert_eq!(matches!(lm.source, Some(kern_manifest::WeightSource::Alias(_))), tied, "{arch}");
+    }
+}
+
+#[test]
+fn other_architectures_and_inconsistent_metadata_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = model("qwen2", true, &[]);
+    // Same length as "qwen2": the architecture string only.
+    let at = b.windows(5).position(|w| w == b"qwen2").unwrap();
+    b[at..at + 5].copy_from_slice(b"llama");
+    let file = write(dir.path(), "llama.gguf", &b);
+    let ckpt = Checkpoint::open(&file).unwrap();
+    let e = kern_packs::gguf::config(ckpt.gguf().unwrap(), &file).unwrap_err().to_string();
+    assert!(e.contains("architecture `llama`") && e.contains("qwen2, qwen3") && e.contains("llama.gguf"), "{e}");
+
+    let file = write(dir.path(), "bad-kl.gguf", &model("qwen3", true, &[("qwen3.attention.key_length", 4, u32v(128))]));
+    let ckpt = Checkpoint::open(&file).unwrap();
+    let e = kern_packs::gguf::config(ckpt.gguf().unwrap(), &file).unwrap_err().to_string();
+    assert!(e.contains("key_length") && e.contains("head_dim 64"), "{e}");
+
+    let file = write(dir.path(), "yarn.gguf", &model("qwen2", true, &[("qwen2.rope.scaling.type", 8, strv("yarn"))]));
+    let ckpt = Checkpoint::open(&file).unwrap();
+    let e = kern_packs::gguf::config(ckpt.gguf().unwrap(), &file).unwrap_err().to_string();
+    assert!(e.contains("RoPE scaling"), "{e}");
+}
+
+/// Issue 18: `kern pack --gguf ... --draft`: the draft program reads the same GGUF-named weights
+/// as the target, and the manifest passes `kern check` with its `draft_kv` state.
+#[test]
+fn gguf_packs_take_a_draft_too() {
+    use kern_packs::{Draft, DraftKind};
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "qwen3.gguf", &model("qwen3", true, &[]));
+    let ckpt = Checkpoint::open(&file).unwrap();
+    let cfg = kern_packs::gguf::config(ckpt.gguf().unwrap(), &file).unwrap();
+    for (kind, layers) in [(DraftKind::LayerSkip(1), 1), (DraftKind::SelfDraft, 2)] {
+        let out = dir.path().join(kind.to_string().replace(':', "-"));
+        let opts = PackOptions { kernels: kernels(), max_tokens: 64, max_seqs: 4, max_context: 256, draft: Some(Draft { kind, k: 3 }), ..Default::default() };
+        let path = generate_for_gguf(&cfg, &opts, &out).unwrap();
+        let m = load(&path, &CheckOptions::default()).unwrap_or_else(|d| panic!("{kind}: {d}"));
+        assert!(kern_weights::check(&ckpt, &m.buffers).is_empty(), "{kind}");
+        let spec = m.speculative.as_ref().expect("speculative section");
+        assert_eq!((m.programs[spec.draft].name.as_str(), spec.k), ("draft", 3), "{kind}");
+        let bytes = |s: &str| match m.states[m.state(s).unwrap().0].size {
+            kern_manifest::StateSize::PerToken { bytes, .. } => bytes,
+            _ => panic!("per token"),
+        };
+        // 1 kv head of 64, K and V, bf16: 256 bytes per layer.
+        assert_eq!((bytes("kv"), bytes("draft_kv")), (2 * 256, layers * 256), "{kind}");
+        let draft = m.program("draft").unwrap();
+        let qkv = m.buffer("model.layers.0.self_attn.qkv_proj.weight").unwrap();
+        assert!(draft.calls.iter().any(|c| c.args.contains(&kern_manifest::Binding::Buf(qkv))), "{kind}: the draft reads the target's weights");
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(json["buffers"]["model.layers.0.self_attn.qkv_proj.weight"]["from"]["concat"][0], "blk.0.attn_q.weight");
+    }
+}
