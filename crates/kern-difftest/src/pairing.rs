@@ -71,6 +71,8 @@ fn source_key(m: &Manifest, s: &Option<WeightSource>) -> String {
         Some(WeightSource::Tensor(t)) => format!("tensor {t}"),
         Some(WeightSource::Concat { tensors, axis, sizes }) => format!("concat {tensors:?} axis {axis} sizes {sizes:?}"),
         Some(WeightSource::Alias(b)) => format!("alias {}", m.buffers[b.0].name),
+        // Equal bytes are the same weight.
+        Some(WeightSource::Values(v)) => format!("values {}", v.iter().map(|b| format!("{b:02x}")).collect::<String>()),
         Some(WeightSource::Shard { of, shard }) => {
             format!("shard {} dim {} of {} part {}", source_key(m, &Some((**of).clone())), shard.dim, shard.parts, shard.part)
         }

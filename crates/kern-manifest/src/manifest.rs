@@ -190,6 +190,9 @@ pub enum WeightSource {
     /// `Concat` (every tensor sliced along the concatenation axis, `shard.dim`, then
     /// concatenated; `sizes` are the slices' extents).
     Shard { of: Box<WeightSource>, shard: Shard },
+    /// kern 4.1: the buffer's bytes, given in the manifest (`{"values": […]}`), already in the
+    /// buffer's dtype (little-endian, row-major); no checkpoint tensor is read.
+    Values(Vec<u8>),
 }
 
 /// Where a module was found.

@@ -276,6 +276,18 @@ pub enum RawFrom {
     Concat(RawFromConcat),
     /// The same memory as another weight buffer (tied embeddings).
     Alias(RawFromAlias),
+    /// kern 4.1: the values themselves, written in the manifest (a small table the manifest's
+    /// author computes, such as RoPE frequencies).
+    Values(RawFromValues),
+}
+
+/// `{"values": [NUMBER, …]}`: every element of the buffer, row-major, converted to its dtype
+/// (round to nearest even for bf16 / f16; integers must be whole and in range).
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawFromValues {
+    /// The elements, row-major; as many as the buffer's shape holds.
+    pub values: Vec<f64>,
 }
 
 /// `{"tensor": NAME}` (kern 4.1, issue 17: with an optional `shard`).

@@ -78,7 +78,7 @@ fn tensor_names(s: &WeightSource) -> Vec<&str> {
     match s {
         WeightSource::Tensor(t) => vec![t.as_str()],
         WeightSource::Concat { tensors, .. } => tensors.iter().map(String::as_str).collect(),
-        WeightSource::Alias(_) => vec![],
+        WeightSource::Alias(_) | WeightSource::Values(_) => vec![],
         WeightSource::Shard { of, .. } => tensor_names(of),
     }
 }

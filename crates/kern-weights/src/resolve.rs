@@ -79,7 +79,7 @@ pub(crate) fn constant_shape(b: &Buffer) -> Result<Vec<u64>, WeightsError> {
 /// A shard source takes rank `rank`'s slice.
 pub(crate) fn resolve_rank<'c>(
     ckpt: &'c Checkpoint,
-    b: &Buffer,
+    b: &'c Buffer,
     rank: u32,
     suggest: bool,
 ) -> Result<Resolved<'c>, Vec<WeightsError>> {
@@ -107,6 +107,30 @@ pub(crate) fn resolve_rank<'c>(
             b.dtype.name()
         )));
     };
+    // The manifest's own bytes (kern-manifest checked their count and converted them to
+    // the buffer's dtype): one plain part, nothing read from the checkpoint.
+    if let Some(WeightSource::Values(data)) = &b.source {
+        if data.len() as u64 != bytes {
+            return Err(fail(format!("{} bytes of values for a buffer of {bytes} bytes", data.len())));
+        }
+        let view = TensorView {
+            name: &b.name,
+            file: ckpt.path(),
+            dtype: Some(b.dtype),
+            file_dtype: "manifest values",
+            ggml: None,
+            shape: &[],
+            data,
+        };
+        return Ok(Resolved {
+            dtype: b.dtype,
+            bytes,
+            parts: vec![Part { view, source: Source::Plain(b.dtype), extent: 1, full: 1, start: 0 }],
+            outer: 1,
+            inner: 1,
+            sliced: false,
+        });
+    }
     let default;
     let source = match &b.source {
         Some(s) => s,
@@ -136,6 +160,7 @@ pub(crate) fn resolve_rank<'c>(
                 "the buffer is an alias: it shares another weight's memory, and nothing is loaded into it".into(),
             ))
         }
+        WeightSource::Values(_) => unreachable!("handled above"),
         WeightSource::Tensor(name) => (std::slice::from_ref(name), shard.map_or(0, |s| s.0), None),
         WeightSource::Concat { tensors, axis, sizes } => (tensors, *axis, sizes.as_deref()),
     };

@@ -810,3 +810,33 @@ fn a_checked_manifest_loads() {
         ]
     );
 }
+
+/// A `values` source (kern 4.1) is loaded from the manifest's own bytes: no checkpoint tensor is
+/// looked up, the plan counts its bytes, and streaming and materializing give those bytes.
+#[test]
+fn values_source_loads_the_manifest_bytes() {
+    let d = dir();
+    single(d.path());
+    let ckpt = Checkpoint::open(d.path()).unwrap();
+    let bytes = f32s([0.5, 0.25, 0.125]);
+    let buffers = vec![
+        weight("model.embed_tokens.weight", DType::F32, &[4, 3], tensor("model.embed_tokens.weight")),
+        weight("rope.inv_freq", DType::F32, &[3], Some(WeightSource::Values(bytes.clone()))),
+    ];
+    assert!(check(&ckpt, &buffers).is_empty());
+    assert!(is_loaded(&buffers[1]));
+    let plan = LoadPlan::new(&ckpt, &buffers).unwrap();
+    assert_eq!(plan.total_bytes(), 48 + 12);
+    let mut out = vec![0u8; 12];
+    materialize(&ckpt, &buffers[1], &mut out).unwrap();
+    assert_eq!(out, bytes);
+    for n in [8, 12, 64] {
+        let plan = LoadPlan::new(&ckpt, &buffers).unwrap().with_chunk_bytes(n);
+        assert_eq!(stream(&plan, n)[1], bytes, "chunk size {n}");
+    }
+    // A mismatch between the bytes and the shape (a manifest built by hand, not checked) is
+    // an error naming the buffer, never an out-of-bounds copy.
+    let bad = weight("short", DType::F32, &[4], Some(WeightSource::Values(bytes)));
+    let text = format!("{:?}", check(&ckpt, &[bad]));
+    assert!(text.contains("short") && text.contains("12 bytes of values for a buffer of 16 bytes"), "{text}");
+}

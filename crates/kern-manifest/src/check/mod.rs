@@ -17,6 +17,7 @@ use crate::diag::{did_you_mean, JsonPath, Sink};
 use crate::expr::{Expr, FUNCTIONS};
 use crate::manifest::*;
 use crate::raw::{RawExpr, RawFrom, RawManifest, Role};
+use crate::types::DType;
 use crate::CheckOptions;
 use std::path::Path;
 
@@ -423,6 +424,23 @@ impl Checker<'_> {
                 }
                 // Resolved once every buffer is known.
                 (Some(RawFrom::Alias(_)), _) => Some(WeightSource::Alias(BufferId(usize::MAX))),
+                (Some(RawFrom::Values(v)), _) => {
+                    let elems = bytes.map(|n| n / b.dtype.size());
+                    let vp = p.field("from").field("values");
+                    if elems != Some(v.values.len() as u64) {
+                        let want = elems.map_or("a constant number of".into(), |n| n.to_string());
+                        self.sink.error(&vp, format!("{} values for a buffer of {want} elements (its shape): give one value per element, row-major", v.values.len()));
+                        None
+                    } else {
+                        match values_bytes(&v.values, b.dtype) {
+                            Ok(bytes) => Some(WeightSource::Values(bytes)),
+                            Err((i, why)) => {
+                                self.sink.error(&vp.index(i), why);
+                                None
+                            }
+                        }
+                    }
+                }
                 (None, _) => None,
             };
             self.names.buffers.insert(name.clone(), self.buffers.len());
@@ -574,4 +592,36 @@ pub(crate) fn max_shared_per_block(sm: u32) -> Option<u64> {
         90 | 100 | 101 | 103 | 110 => 227 * 1024,
         _ => return None,
     })
+}
+
+/// `values` as the little-endian bytes of `dtype` (round to nearest even for the floats),
+/// or the first value that does not fit, with why.
+fn values_bytes(values: &[f64], dtype: DType) -> Result<Vec<u8>, (usize, String)> {
+    let mut out = Vec::with_capacity(values.len() * dtype.size() as usize);
+    for (i, &v) in values.iter().enumerate() {
+        let whole = |lo: f64, hi: f64| -> Result<i128, (usize, String)> {
+            if v.fract() != 0.0 || !(lo..=hi).contains(&v) {
+                return Err((i, format!("{v} is not a whole number in the range of {}", dtype.name())));
+            }
+            Ok(v as i128)
+        };
+        match dtype {
+            DType::F64 => out.extend(v.to_le_bytes()),
+            DType::F32 => out.extend((v as f32).to_le_bytes()),
+            DType::Bf16 => out.extend(half::bf16::from_f64(v).to_le_bytes()),
+            DType::F16 => out.extend(half::f16::from_f64(v).to_le_bytes()),
+            DType::I8 => out.extend((whole(-128.0, 127.0)? as i8).to_le_bytes()),
+            DType::U8 | DType::Bool => out.extend((whole(0.0, 255.0)? as u8).to_le_bytes()),
+            DType::I16 => out.extend((whole(-32768.0, 32767.0)? as i16).to_le_bytes()),
+            DType::U16 => out.extend((whole(0.0, 65535.0)? as u16).to_le_bytes()),
+            DType::I32 => out.extend((whole(-2147483648.0, 2147483647.0)? as i32).to_le_bytes()),
+            DType::U32 => out.extend((whole(0.0, 4294967295.0)? as u32).to_le_bytes()),
+            DType::I64 => out.extend((whole(-9.007199254740992e15, 9.007199254740992e15)? as i64).to_le_bytes()),
+            DType::U64 => out.extend((whole(0.0, 9.007199254740992e15)? as u64).to_le_bytes()),
+            DType::F8e4m3 | DType::F8e5m2 => {
+                return Err((i, format!("`values` cannot be written as {}: give the buffer a wider dtype", dtype.name())))
+            }
+        }
+    }
+    Ok(out)
 }

@@ -646,7 +646,7 @@ impl Dec<'_> {
             self.sink.error(
                 path,
                 format!(
-                    "expected {{\"tensor\": …}}, {{\"concat\": […]}} or {{\"alias\": …}}, found {}",
+                    "expected {{\"tensor\": …}}, {{\"concat\": […]}}, {{\"alias\": …}} or {{\"values\": […]}}, found {}",
                     v.kind()
                 ),
             );
@@ -693,8 +693,20 @@ impl Dec<'_> {
             let a = o.get("alias").and_then(|(v, p)| self.string(v, &p));
             o.finish(self);
             RawFrom::Alias(RawFromAlias { alias: a? })
+        } else if has("values") {
+            let values = o.get("values").and_then(|(v, p)| {
+                self.list(v, &p, "a list of numbers", |d, v, p| match v {
+                    Json::Number(n) => n.as_f64(),
+                    other => {
+                        d.sink.error(p, format!("expected a number, found {}", other.kind()));
+                        None
+                    }
+                })
+            });
+            o.finish(self);
+            RawFrom::Values(RawFromValues { values: values? })
         } else {
-            self.sink.error(path, "a weight source is {\"tensor\": NAME}, {\"concat\": [NAME, …], \"axis\": N} or {\"alias\": BUFFER}");
+            self.sink.error(path, "a weight source is {\"tensor\": NAME}, {\"concat\": [NAME, …], \"axis\": N}, {\"alias\": BUFFER} or {\"values\": [NUMBER, …]}");
             return None;
         };
         Some(out)
