@@ -25,19 +25,32 @@ using namespace kern;
 
 
 
+// The kernel's shared memory: 42 KB at D = 128 (static), 84 KB at D = 256 (dynamic: the
+// manifest's `shared` must be at least sizeof(AttSmem<256>) = ATT_SMEM_D256 bytes).
+template <int D>
+struct AttSmem {
+    __align__(16) bf16 Qs[ATT_ROWS][D];
+    __align__(16) bf16 Ks[2][ATT_KT][D];  // chunk c of key row j stored at chunk c ^ (j & 7)
+    __align__(16) bf16 Vs[2][ATT_KT][D];
+    __align__(16) float Ps[ATT_WARPS][ATT_RPW][ATT_KT];
+    int s_item[2];
+};
+
 template <int D>
 __device__ __forceinline__ void attention_impl(
     bf16* __restrict__ out, const bf16* __restrict__ q, const bf16* __restrict__ kv_base,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, const int* __restrict__ query_start,
     int num_seqs, int num_tokens, int max_pages, int q_stride, int num_heads, int kv_heads, int layer,
-    int num_layers, int page_tokens, float scale) {
+    int num_layers, int page_tokens, float scale, int window) {
     constexpr int CH = D / 8;     // 16-byte chunks per head row
     constexpr int DPL = D / 32;   // output dims per lane
-    __shared__ __align__(16) bf16 Qs[ATT_ROWS][D];
-    __shared__ __align__(16) bf16 Ks[2][ATT_KT][D];  // chunk c of key row j stored at chunk c ^ (j & 7)
-    __shared__ __align__(16) bf16 Vs[2][ATT_KT][D];
-    __shared__ __align__(16) float Ps[ATT_WARPS][ATT_RPW][ATT_KT];
-    __shared__ int s_item[2];
+    KERN_SMEM(AttSmem<D>, sm);
+    auto& Qs = sm.Qs;
+    auto& Ks = sm.Ks;
+    auto& Vs = sm.Vs;
+    auto& Ps = sm.Ps;
+    auto& s_item = sm.s_item;
+    const int W = att_window(window);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kvh = blockIdx.y;
@@ -72,6 +85,9 @@ __device__ __forceinline__ void attention_impl(
         const int base_lim = ctx - n_new + t0 + 1;  // keys visible to the tile's first token
         const int kmax = base_lim + nq - 1;      // keys visible to the tile's last token
         const int ntiles = kmax > 0 ? (kmax + ATT_KT - 1) / ATT_KT : 0;
+        // With a sliding window the tile's first token sees keys from base_lim - W on: the key
+        // tiles below that are skipped (without a window kt0 = 0).
+        const int kt0 = base_lim - W > 0 ? (base_lim - W) / ATT_KT : 0;
         const int* bt = block_tables + (size_t)seq * max_pages;
 
         // ---- K/V tile loader (cp.async, zero-fill for keys >= kmax or pages that are -1/out of table)
@@ -100,7 +116,7 @@ __device__ __forceinline__ void attention_impl(
             cp_async_commit();
         };
 
-        if (ntiles > 0) issue(0, 0);
+        if (ntiles > kt0) issue(kt0 & 1, kt0);
 
         // ---- Q tile -> smem (rows >= R are zero)
         for (int qd = tid; qd < ATT_ROWS * CH; qd += ATT_THREADS) {
@@ -128,7 +144,7 @@ __device__ __forceinline__ void attention_impl(
             for (int d = 0; d < DPL; ++d) o[i][d] = 0.f;
         }
 
-        for (int kt = 0; kt < ntiles; ++kt) {
+        for (int kt = kt0; kt < ntiles; ++kt) {
             const int st = kt & 1;
             if (kt + 1 < ntiles) {
                 issue(st ^ 1, kt + 1);
@@ -157,7 +173,7 @@ __device__ __forceinline__ void attention_impl(
                 }
             }
             softmax_pv_tile<D, ATT_RPW, ATT_WARPS, ATT_KT>(s, m, l, o, Ps[warp], Vs[st], lane, warp, R, kt * ATT_KT + lane,
-                                                        scale_log2, [&](int i) { return lim[i]; });
+                                                        scale_log2, [&](int i, int key) { return key < lim[i] && key >= lim[i] - W; });
             __syncthreads();  // the stage read here is overwritten by the next iteration's issue
         }
 
@@ -170,7 +186,14 @@ __device__ __forceinline__ void attention_impl(
                 const float inv = 1.0f / lt;
                 const int tl = r / G, g = r - (r / G) * G;
                 bf16* dst = out + (size_t)(q0 + t0 + tl) * num_heads * D + (size_t)(kvh * G + g) * D + lane * DPL;
-                if constexpr (DPL == 4) {
+                if constexpr (DPL == 8) {
+                    uint4 w4;
+                    w4.x = pack2(o[i][0] * inv, o[i][1] * inv);
+                    w4.y = pack2(o[i][2] * inv, o[i][3] * inv);
+                    w4.z = pack2(o[i][4] * inv, o[i][5] * inv);
+                    w4.w = pack2(o[i][6] * inv, o[i][7] * inv);
+                    *reinterpret_cast<uint4*>(dst) = w4;
+                } else if constexpr (DPL == 4) {
                     uint2 w2;
                     w2.x = pack2(o[i][0] * inv, o[i][1] * inv);
                     w2.y = pack2(o[i][2] * inv, o[i][3] * inv);
@@ -192,4 +215,9 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_d128(KERN_AT
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_d64(KERN_ATT_ARGS) {
     KERN_PDL_WAIT();
     attention_impl<64>(KERN_ATT_PASS);
+}
+// head_dim 256 (Gemma 3): the same kernel with 84 KB of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_d256(KERN_ATT_ARGS) {
+    KERN_PDL_WAIT();
+    attention_impl<256>(KERN_ATT_PASS);
 }

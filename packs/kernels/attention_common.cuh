@@ -86,22 +86,28 @@ static __device__ __forceinline__ void find_query_tile(const int* __restrict__ q
 // One 32-key tile of the SIMT attention kernels (attention.cu, attention_decode.cu), after the
 // scores: the online-softmax update of this warp's rows (row i of the warp is query row
 // warp + WARPS * i; rows >= `rows` are skipped; key `key` of this lane counts for row i when
-// key < limit(i)), then o += P . V with this lane's D/32 output dims. P goes through the warp's
-// slice of shared memory `Pw`; `Vt` is the tile's V rows (chunk c of row j at chunk c ^ (j & 7)).
-template <int D, int RPW, int WARPS, int KT, typename Limit>
+// visible(i, key): key < the row's causal limit and, with a sliding window, key >= limit - window),
+// then o += P . V with this lane's D/32 output dims. P goes through the warp's slice of shared
+// memory `Pw`; `Vt` is the tile's V rows (chunk c of row j at chunk c ^ (j & 7)).
+// A row with no visible key yet (a tile wholly below its window) keeps m = -inf, l = 0, o = 0:
+// its rescale factor is taken as 1 and its weights as 0, never exp2f(-inf - -inf) = NaN. When m is
+// finite these are exactly exp2f(m - mn) and exp2f(sc - mn), so rows without a window are
+// computed as before, bit for bit.
+template <int D, int RPW, int WARPS, int KT, typename Visible>
 static __device__ __forceinline__ void softmax_pv_tile(const float (&s)[RPW], float (&m)[RPW], float (&l)[RPW],
                                                        float (&o)[RPW][D / 32], float (*Pw)[KT],
                                                        const bf16 (*Vt)[D], int lane, int warp, int rows, int key,
-                                                       float scale_log2, Limit limit) {
+                                                       float scale_log2, Visible visible) {
     constexpr int DPL = D / 32;  // output dims per lane
     __syncwarp();
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {
         if (warp + WARPS * i < rows) {
-            const float sc = key < limit(i) ? s[i] * scale_log2 : -INFINITY;
+            const float sc = visible(i, key) ? s[i] * scale_log2 : -INFINITY;
             const float mn = fmaxf(m[i], warp_max(sc));
-            const float alpha = exp2f(m[i] - mn);
-            const float p = exp2f(sc - mn);
+            const bool none = mn == -INFINITY;  // no visible key for this row yet
+            const float alpha = none ? 1.f : exp2f(m[i] - mn);
+            const float p = none ? 0.f : exp2f(sc - mn);
             m[i] = mn;
             l[i] = l[i] * alpha + p;
 #pragma unroll
@@ -119,7 +125,12 @@ static __device__ __forceinline__ void softmax_pv_tile(const float (&s)[RPW], fl
         for (int u = 0; u < 4; ++u) {
             const int j = jj + u;
             const bf16* vp = &Vt[j][((vc ^ (j & 7)) * 8) + vw];
-            if constexpr (DPL == 4) {
+            if constexpr (DPL == 8) {
+                float x8[8];
+                unpack8(*reinterpret_cast<const uint4*>(vp), x8);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) vx[u][e] = x8[e];
+            } else if constexpr (DPL == 4) {
                 const uint2 w2 = *reinterpret_cast<const uint2*>(vp);
                 const float2 a = unpack2(w2.x), bb = unpack2(w2.y);
                 vx[u][0] = a.x;
@@ -127,7 +138,7 @@ static __device__ __forceinline__ void softmax_pv_tile(const float (&s)[RPW], fl
                 vx[u][2] = bb.x;
                 vx[u][3] = bb.y;
             } else {
-                static_assert(DPL == 2, "head_dim 64 or 128");
+                static_assert(DPL == 2, "head_dim 64, 128 or 256");
                 const float2 a = unpack2(*reinterpret_cast<const uint32_t*>(vp));
                 vx[u][0] = a.x;
                 vx[u][1] = a.y;
@@ -153,10 +164,16 @@ static __device__ __forceinline__ void softmax_pv_tile(const float (&s)[RPW], fl
     bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ kv_base,                   \
         const int *__restrict__ block_tables, const int *__restrict__ seq_lens,                              \
         const int *__restrict__ query_start, int num_seqs, int num_tokens, int max_pages, int q_stride,      \
-        int num_heads, int kv_heads, int layer, int num_layers, int page_tokens, float scale
+        int num_heads, int kv_heads, int layer, int num_layers, int page_tokens, float scale, int window
 #define KERN_ATT_PASS                                                                                         \
     out, q, kv_base, block_tables, seq_lens, query_start, num_seqs, num_tokens, max_pages, q_stride,         \
-        num_heads, kv_heads, layer, num_layers, page_tokens, scale
+        num_heads, kv_heads, layer, num_layers, page_tokens, scale, window
+
+// The sliding window of an attention entry's `window` argument: a query at position p sees keys
+// p - window + 1 .. p (transformers' sliding mask keeps kv_idx > q_idx - window); window <= 0 is
+// no window. As a distance to subtract from a row's causal limit: 2^30 for none, so that
+// `key < limit - att_window(window)` is never true without a window (limits stay far below 2^30).
+static __device__ __forceinline__ int att_window(int window) { return window > 0 ? window : (1 << 30); }
 
 // Padded tokens (rows query_start[num_seqs] .. num_tokens-1): zeros for kv head kvh's G query
 // heads, so that the output never holds stale data. Every CTA of the (x, kvh) grid row takes the

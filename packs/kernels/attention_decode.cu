@@ -63,19 +63,32 @@ static __device__ __forceinline__ size_t dec_record(int num_tokens, int num_head
     return hdr + (((size_t)c * (size_t)num_tokens + (size_t)t) * (size_t)num_heads + (size_t)h) * (size_t)(D + 4);
 }
 
+// The kernel's shared memory: 42 KB at D = 128 (static), 82 KB at D = 256 (dynamic: the
+// manifest's `shared` must be at least sizeof(DecSmem<256>)).
+template <int D>
+struct DecSmem {
+    __align__(16) float Qs[DEC_ROWS][D];
+    __align__(16) bf16 Ks[2][DEC_KT][D];  // chunk c of key row j stored at chunk c ^ (j & 7)
+    __align__(16) bf16 Vs[2][DEC_KT][D];
+    __align__(16) float Ps[DEC_WARPS][DEC_RPW][DEC_KT];
+    int s_info[4];  // seq, kmax, chunk, first key of chunk 0
+};
+
 template <int D>
 __device__ __forceinline__ void decode_impl(
     float* __restrict__ partial, const bf16* __restrict__ q, const bf16* __restrict__ kv_base,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, const int* __restrict__ query_start,
     int num_seqs, int num_tokens, int max_pages, int q_stride, int num_heads, int kv_heads, int layer,
-    int num_layers, int page_tokens, float scale, int min_chunk, int max_chunks) {
+    int num_layers, int page_tokens, float scale, int min_chunk, int max_chunks, int window) {
     constexpr int CH = D / 8;    // 16-byte chunks per head row
     constexpr int DPL = D / 32;  // output dims per lane
-    __shared__ __align__(16) float Qs[DEC_ROWS][D];
-    __shared__ __align__(16) bf16 Ks[2][DEC_KT][D];  // chunk c of key row j stored at chunk c ^ (j & 7)
-    __shared__ __align__(16) bf16 Vs[2][DEC_KT][D];
-    __shared__ __align__(16) float Ps[DEC_WARPS][DEC_RPW][DEC_KT];
-    __shared__ int s_info[3];  // seq, kmax, chunk
+    KERN_SMEM(DecSmem<D>, sm);
+    auto& Qs = sm.Qs;
+    auto& Ks = sm.Ks;
+    auto& Vs = sm.Vs;
+    auto& Ps = sm.Ps;
+    auto& s_info = sm.s_info;
+    const int W = att_window(window);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
@@ -110,27 +123,34 @@ __device__ __forceinline__ void decode_impl(
                 }
             }
         }
-        int kmax = 0, chunk = DEC_KT;
+        int kmax = 0, chunk = DEC_KT, kb = 0;
         if (seq >= 0) {
             const int q0 = query_start[seq];
             const int n_new = query_start[seq + 1] - q0;
             kmax = seq_lens[seq] - n_new + (t - q0) + 1;  // keys 0 .. kmax-1 are visible
             if (kmax < 0) kmax = 0;
+            // With a sliding window only keys kmax - W .. kmax - 1 are visible: the chunks cover
+            // [kb, kmax) from kb = that start rounded down to a multiple of 32 (kb = 0 without a
+            // window), so the chunking is still the row's alone.
+            kb = kmax - W > 0 ? (kmax - W) / DEC_KT * DEC_KT : 0;
             const int mc = max(DEC_KT, (min_chunk + DEC_KT - 1) / DEC_KT * DEC_KT);
-            const int per = (kmax + max_chunks - 1) / max_chunks;
+            const int per = (kmax - kb + max_chunks - 1) / max_chunks;
             chunk = max(mc, (per + DEC_KT - 1) / DEC_KT * DEC_KT);
         }
         if (lane == 0) {
             s_info[0] = seq;
             s_info[1] = kmax;
             s_info[2] = chunk;
+            s_info[3] = kb;
         }
     }
     __syncthreads();
     const int seq = s_info[0];
     const int kmax = s_info[1];
     const int chunk = s_info[2];
-    const int n_chunks = (seq >= 0 && kmax > 0) ? (kmax + chunk - 1) / chunk : 0;
+    const int kb = s_info[3];
+    const int klo = kmax - W;  // the row's first visible key (negative: every key from 0)
+    const int n_chunks = (seq >= 0 && kmax > kb) ? (kmax - kb + chunk - 1) / chunk : 0;
     if (kvh == 0 && z == 0 && tid == 0) partial[t] = (float)n_chunks;  // the combine's header
     if (z >= n_chunks) return;  // uniform
 
@@ -139,14 +159,14 @@ __device__ __forceinline__ void decode_impl(
     const int tpc = chunk / DEC_KT;
     const int mine = (n_chunks - 1 - z) / Z + 1;
     const int c_last = z + (mine - 1) * Z;
-    const int ntiles = (mine - 1) * tpc + (min(chunk, kmax - c_last * chunk) + DEC_KT - 1) / DEC_KT;
+    const int ntiles = (mine - 1) * tpc + (min(chunk, kmax - kb - c_last * chunk) + DEC_KT - 1) / DEC_KT;
     const int* bt = block_tables + (size_t)seq * max_pages;
 
     // ---- K/V tile loader (cp.async, zero-fill for keys >= k_end or pages that are -1/out of table):
     // tile kt of this CTA is tile (kt % tpc) of chunk z + (kt / tpc) * Z.
     auto issue = [&](int stage, int kt) {
         const int ci = kt / tpc;
-        const int kc = (z + ci * Z) * chunk;
+        const int kc = kb + (z + ci * Z) * chunk;
         const int kbase = kc + (kt - ci * tpc) * DEC_KT;
         const int kend = min(kc + chunk, kmax);
 #pragma unroll
@@ -196,7 +216,7 @@ __device__ __forceinline__ void decode_impl(
     int ci = 0, j = 0;  // tile kt is tile j of this CTA's chunk ci (chunk z + ci * Z)
     for (int kt = 0; kt < ntiles; ++kt) {
         const int st = kt & 1;
-        const int kc = (z + ci * Z) * chunk;  // the chunk's first key (a multiple of 32)
+        const int kc = kb + (z + ci * Z) * chunk;  // the chunk's first key (a multiple of 32)
         const int k_end = min(kc + chunk, kmax);
         if (j == 0) {  // a chunk starts: its own online softmax
 #pragma unroll
@@ -235,7 +255,7 @@ __device__ __forceinline__ void decode_impl(
             }
         }
         softmax_pv_tile<D, DEC_RPW, DEC_WARPS, DEC_KT>(s, m, l, o, Ps[warp], Vs[st], lane, warp, G, kc + j * DEC_KT + lane,
-                                                        scale_log2, [&](int) { return k_end; });
+                                                        scale_log2, [&](int, int key) { return key < k_end && key >= klo; });
         if (kc + (j + 1) * DEC_KT >= k_end) {
             // ---- the chunk's last tile: its record per head (unnormalized o, m, l)
 #pragma unroll
@@ -244,7 +264,10 @@ __device__ __forceinline__ void decode_impl(
                 if (r < G) {
                     const float lt = warp_sum(l[i]);
                     float* rec = partial + dec_record(num_tokens, num_heads, D, z + ci * Z, t, kvh * G + r);
-                    if constexpr (DPL == 4) {
+                    if constexpr (DPL == 8) {
+                        *reinterpret_cast<float4*>(rec + lane * 8) = make_float4(o[i][0], o[i][1], o[i][2], o[i][3]);
+                        *reinterpret_cast<float4*>(rec + lane * 8 + 4) = make_float4(o[i][4], o[i][5], o[i][6], o[i][7]);
+                    } else if constexpr (DPL == 4) {
                         *reinterpret_cast<float4*>(rec + lane * 4) = make_float4(o[i][0], o[i][1], o[i][2], o[i][3]);
                     } else {
                         *reinterpret_cast<float2*>(rec + lane * 2) = make_float2(o[i][0], o[i][1]);
@@ -315,10 +338,11 @@ __device__ __forceinline__ void combine_impl(bf16* __restrict__ out, const float
     float *__restrict__ partial, const bf16 *__restrict__ q, const bf16 *__restrict__ kv_base,              \
         const int *__restrict__ block_tables, const int *__restrict__ seq_lens,                              \
         const int *__restrict__ query_start, int num_seqs, int num_tokens, int max_pages, int q_stride,      \
-        int num_heads, int kv_heads, int layer, int num_layers, int page_tokens, float scale, int min_chunk, int max_chunks
+        int num_heads, int kv_heads, int layer, int num_layers, int page_tokens, float scale, int min_chunk, int max_chunks, \
+        int window
 #define DEC_PASS                                                                                              \
     partial, q, kv_base, block_tables, seq_lens, query_start, num_seqs, num_tokens, max_pages, q_stride,     \
-        num_heads, kv_heads, layer, num_layers, page_tokens, scale, min_chunk, max_chunks
+        num_heads, kv_heads, layer, num_layers, page_tokens, scale, min_chunk, max_chunks, window
 
 extern "C" __global__ void __launch_bounds__(DEC_THREADS) attention_decode_d128(DEC_ARGS) {
     KERN_PDL_WAIT();
@@ -327,6 +351,17 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) attention_decode_d128(
 extern "C" __global__ void __launch_bounds__(DEC_THREADS) attention_decode_d64(DEC_ARGS) {
     KERN_PDL_WAIT();
     decode_impl<64>(DEC_PASS);
+}
+// head_dim 256 (Gemma 3): 82 KB of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS) attention_decode_d256(DEC_ARGS) {
+    KERN_PDL_WAIT();
+    decode_impl<256>(DEC_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256) attention_combine_d256(bf16* __restrict__ out,
+                                                                        const float* __restrict__ partial,
+                                                                        int num_tokens, int num_heads) {
+    KERN_PDL_WAIT();
+    combine_impl<256>(out, partial, num_tokens, num_heads);
 }
 extern "C" __global__ void __launch_bounds__(128) attention_combine_d128(bf16* __restrict__ out,
                                                                         const float* __restrict__ partial,

@@ -78,8 +78,9 @@ __device__ __forceinline__ void attention_prefill_impl(
     bf16* __restrict__ out, const bf16* __restrict__ q, const bf16* __restrict__ kv_base,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, const int* __restrict__ query_start,
     int num_seqs, int num_tokens, int max_pages, int q_stride, int num_heads, int kv_heads, int layer,
-    int num_layers, int page_tokens, float scale) {
+    int num_layers, int page_tokens, float scale, int window) {
     static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+    const int W = att_window(window);
     constexpr int CH = D / 8;    // 16-byte chunks per row
     constexpr int KS = D / 16;   // k-steps of S = Q K^T (Q fragments per warp)
     constexpr int NO = D / 8;    // n-tiles of O
@@ -117,6 +118,9 @@ __device__ __forceinline__ void attention_prefill_impl(
         const int base_lim = ctx - n_new + t0 + 1;  // keys visible to the tile's first token
         const int kmax = base_lim + nq - 1;         // keys visible to the tile's last token
         const int ntiles = kmax > 0 ? (kmax + APF_KT - 1) / APF_KT : 0;
+        // A sliding window: the tile's first row sees keys from base_lim - W on (every other row
+        // from later), so the key tiles below that are skipped (kt0 = 0 without a window).
+        const int kt0 = base_lim - W > 0 ? (base_lim - W) / APF_KT : 0;
         const int* bt = block_tables + (size_t)seq * max_pages;
 
         // this warp's rows [w*16, w*16+16): key limits of its first and last valid row
@@ -160,7 +164,7 @@ __device__ __forceinline__ void attention_prefill_impl(
             cp_async16(Vs + sw(r, c), src, r < R ? 16 : 0);
         }
         cp_async_commit();
-        if (ntiles > 0) issue(Ks, 0, 0);
+        if (ntiles > kt0) issue(Ks, 0, kt0);
         cp_async_wait<0>();
         __syncthreads();
 
@@ -178,13 +182,15 @@ __device__ __forceinline__ void attention_prefill_impl(
         for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
         float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // per row (gid, gid+8), log2 domain
 
-        for (int kt = 0; kt < ntiles; ++kt) {
+        for (int kt = kt0; kt < ntiles; ++kt) {
             cp_async_wait<0>();  // K[kt] landed
             __syncthreads();     // ... for every thread; every warp is done with Vs (Q or V[kt-1])
             issue(Vs, 1, kt);    // V[kt] loads during S = Q K^T
 
             const int kbase = kt * APF_KT;
-            const bool active = wvalid && kbase < w_hi;  // warp-uniform: any visible key here
+            // warp-uniform: any visible key here (below the last row's limit, and not wholly
+            // below the first row's window)
+            const bool active = wvalid && kbase < w_hi && kbase + APF_KT > w_lo - W;
             float s[NS][4];
             if (active) {
 #pragma unroll
@@ -208,8 +214,9 @@ __device__ __forceinline__ void attention_prefill_impl(
             if (kt + 1 < ntiles) issue(Ks, 0, kt + 1);  // K[kt+1] loads during softmax + P.V
 
             if (active) {
-                // scale to the log2 domain, mask (only tiles crossing a row's limit), row max
-                const bool diag = kbase + APF_KT > w_lo;
+                // scale to the log2 domain, mask (only tiles crossing a row's limit or the
+                // start of a row's window), row max
+                const bool diag = kbase + APF_KT > w_lo || kbase < w_hi - W;
                 float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
                 for (int n = 0; n < NS; ++n) {
@@ -218,7 +225,8 @@ __device__ __forceinline__ void attention_prefill_impl(
                         float v = s[n][e] * scale_log2;
                         if (diag) {
                             const int key = kbase + n * 8 + tig * 2 + (e & 1);
-                            if (key >= (e < 2 ? lim0 : lim1)) v = -INFINITY;
+                            const int lim = e < 2 ? lim0 : lim1;
+                            if (key >= lim || key < lim - W) v = -INFINITY;
                         }
                         s[n][e] = v;
                     }

@@ -28,6 +28,27 @@
     } while (0)
 #endif
 
+// A kernel's shared memory as one struct `T`, bound to the reference `name`: static shared
+// memory when it fits the 48 KiB a kernel may declare statically, else the launch's dynamic
+// shared memory (the manifest's `shared` bytes; the runtime raises the function's limit). A
+// launch with less dynamic memory than the struct needs traps instead of overrunning it. The
+// host emulation (packs/kernels/verify/host_emu) gives every kernel one static struct.
+#ifdef KERN_HOST_EMU
+#define KERN_SMEM(T, name)       \
+    static T name##_storage_;    \
+    T& name = name##_storage_
+#else
+#define KERN_SMEM(T, name)                                                                        \
+    extern __shared__ __align__(16) unsigned char kern_dyn_smem_[];                               \
+    __shared__ __align__(16) unsigned char name##_static_[sizeof(T) <= 48 * 1024 ? sizeof(T) : 16]; \
+    T& name = *reinterpret_cast<T*>(sizeof(T) <= 48 * 1024 ? name##_static_ : kern_dyn_smem_);      \
+    if (sizeof(T) > 48 * 1024) {                                                                   \
+        uint32_t dyn_;                                                                             \
+        asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_));                            \
+        if (dyn_ < sizeof(T)) __trap();                                                           \
+    }
+#endif
+
 namespace kern {
 
 typedef __nv_bfloat16 bf16;

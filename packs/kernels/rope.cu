@@ -14,6 +14,15 @@ using namespace kern;
 // Flags of qk_norm_rope.
 #define QKR_NORM 1  // per-head RMSNorm of q and k heads with q_norm_w / k_norm_w (Qwen3)
 #define QKR_BIAS 2  // add qkv_bias[(Hq + 2 Hkv) * D] to q, k and v first (Qwen2), rounding to bf16
+// With QKR_NORM: the norm as Gemma3RMSNorm computes it, bf16(x * r * (norm_offset + w)) in fp32
+// (norm_offset 1 for Hugging Face weights, 0 for GGUF files whose converter added the 1), instead
+// of Qwen3RMSNorm's bf16(w * bf16(x * r)).
+#define QKR_NORM_F32 4
+// Rotate adjacent pairs (2i, 2i + 1) with frequency i instead of the halves (i, i + D/2): the
+// q / k rows of a GGUF `llama` file are permuted by llama.cpp's converter so that its pairs are
+// adjacent; rotating them so gives, element for element, what neox rotation gives the
+// Hugging Face rows (attention's dot products do not depend on the order of head dims).
+#define QKR_ADJACENT 8
 
 template <int E>
 struct Vec;  // E bf16 values as one vector access
@@ -53,7 +62,7 @@ static __device__ __forceinline__ void qkr_head(bf16* __restrict__ qkv, bf16* __
                                                 const bf16* __restrict__ qkv_bias, const float* cs,
                                                 const float* sn, int t, int hh, int slot, int num_heads,
                                                 int kv_heads, int layer, int num_layers, int page_tokens,
-                                                float eps, int flags) {
+                                                float eps, int flags, float norm_offset) {
     constexpr int D = 32 * E;
     constexpr int HALF = D / 2;
     const int lane = threadIdx.x & 31;
@@ -78,18 +87,32 @@ static __device__ __forceinline__ void qkr_head(bf16* __restrict__ qkv, bf16* __
             const float r = rsqrtf(ss * (1.0f / (float)D) + eps);
             float wv[E];
             load_e<E>((is_q ? q_norm_w : k_norm_w) + lane * E, wv);
+            if (flags & QKR_NORM_F32) {
 #pragma unroll
-            for (int j = 0; j < E; ++j) x[j] = rb(wv[j] * rb(x[j] * r));
+                for (int j = 0; j < E; ++j) x[j] = rb((x[j] * r) * (norm_offset + wv[j]));
+            } else {
+#pragma unroll
+                for (int j = 0; j < E; ++j) x[j] = rb(wv[j] * rb(x[j] * r));
+            }
         }
         // neox rotary: out = x*cos + rotate_half(x)*sin, every product and the sum rounded to bf16
         // (transformers apply_rotary_pos_emb on bf16 tensors with bf16 cos/sin).
         float y[E];
+        if (flags & QKR_ADJACENT) {
 #pragma unroll
-        for (int j = 0; j < E; ++j) {
-            const float p = __shfl_xor_sync(0xffffffffu, x[j], 16);
-            const float rot = lane < 16 ? -p : p;
-            const int i = (lane * E + j) & (HALF - 1);
-            y[j] = rb(rb(x[j] * cs[i]) + rb(rot * sn[i]));
+            for (int j = 0; j < E; j += 2) {
+                const int i = (lane * E + j) >> 1;
+                y[j] = rb(rb(x[j] * cs[i]) + rb(-x[j + 1] * sn[i]));
+                y[j + 1] = rb(rb(x[j + 1] * cs[i]) + rb(x[j] * sn[i]));
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < E; ++j) {
+                const float p = __shfl_xor_sync(0xffffffffu, x[j], 16);
+                const float rot = lane < 16 ? -p : p;
+                const int i = (lane * E + j) & (HALF - 1);
+                y[j] = rb(rb(x[j] * cs[i]) + rb(rot * sn[i]));
+            }
         }
         if (is_q) {
             store_e<E>(qkv + (size_t)t * total * D + (size_t)hh * D + lane * E, y);
@@ -113,7 +136,7 @@ qk_norm_rope(bf16* __restrict__ qkv, bf16* __restrict__ kv_base, const bf16* __r
              const bf16* __restrict__ k_norm_w, const bf16* __restrict__ qkv_bias,
              const int* __restrict__ positions, const int* __restrict__ slot_mapping, int n, int num_heads,
              int kv_heads, int head_dim, int layer, int num_layers, int page_tokens, float theta, float eps,
-             int flags) {
+             int flags, const float* __restrict__ inv_freq, float cos_scale, float norm_offset) {
     KERN_PDL_WAIT();
     __shared__ float cs[128], sn[128];
     const int t = blockIdx.x;
@@ -124,14 +147,23 @@ qk_norm_rope(bf16* __restrict__ qkv, bf16* __restrict__ kv_base, const bf16* __r
     //   freqs = position.float() * inv_freq (fp32); cos/sin in fp32, then cast to bf16.
     // powf is taken as the correctly rounded double pow rounded to fp32 (glibc's powf is within
     // 1 ulp of that; the difference flips a bf16 cos/sin only in rare ties).
+    // A scaled RoPE (llama3, linear, YaRN: transformers' rope_utils) gives its fp32 inverse
+    // frequencies as the table `inv_freq` (the manifest writes them), and YaRN's attention
+    // factor as cos_scale (cos and sin are multiplied by it in fp32 before the cast to bf16;
+    // 1 otherwise, which changes nothing).
     if (threadIdx.x < half && half <= 128) {
         const int i = threadIdx.x;
-        const float e = (float)(2 * i) / (float)head_dim;
-        const float p = (float)pow((double)theta, (double)e);
-        const float inv = 1.0f / p;
+        float inv;
+        if (inv_freq != nullptr) {
+            inv = inv_freq[i];
+        } else {
+            const float e = (float)(2 * i) / (float)head_dim;
+            const float p = (float)pow((double)theta, (double)e);
+            inv = 1.0f / p;
+        }
         const float fr = (float)positions[t] * inv;
-        cs[i] = rb(cosf(fr));
-        sn[i] = rb(sinf(fr));
+        cs[i] = rb(cosf(fr) * cos_scale);
+        sn[i] = rb(sinf(fr) * cos_scale);
     }
     __syncthreads();
     const int hh = blockIdx.y * ROPE_WARPS + (threadIdx.x >> 5);
@@ -140,15 +172,15 @@ qk_norm_rope(bf16* __restrict__ qkv, bf16* __restrict__ kv_base, const bf16* __r
     switch (head_dim) {
         case 64:
             qkr_head<2>(qkv, kv_base, q_norm_w, k_norm_w, qkv_bias, cs, sn, t, hh, slot, num_heads, kv_heads,
-                        layer, num_layers, page_tokens, eps, flags);
+                        layer, num_layers, page_tokens, eps, flags, norm_offset);
             break;
         case 128:
             qkr_head<4>(qkv, kv_base, q_norm_w, k_norm_w, qkv_bias, cs, sn, t, hh, slot, num_heads, kv_heads,
-                        layer, num_layers, page_tokens, eps, flags);
+                        layer, num_layers, page_tokens, eps, flags, norm_offset);
             break;
         case 256:
             qkr_head<8>(qkv, kv_base, q_norm_w, k_norm_w, qkv_bias, cs, sn, t, hh, slot, num_heads, kv_heads,
-                        layer, num_layers, page_tokens, eps, flags);
+                        layer, num_layers, page_tokens, eps, flags, norm_offset);
             break;
         default:
             __trap();  // unsupported head_dim: fail loudly rather than compute garbage

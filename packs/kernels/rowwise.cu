@@ -18,10 +18,12 @@ static __device__ __forceinline__ bool aligned16(const void* p) {
 }
 
 // ----------------------------------------------------------------------------- embedding
-// out[t, :] = table[ids[t], :]; ids outside [0, vocab) give a row of zeros.
+// out[t, :] = bf16(table[ids[t], :] * scale); ids outside [0, vocab) give a row of zeros.
+// scale 1 copies the row; Gemma scales the embedding by bf16(sqrt(hidden)) in bf16
+// (Gemma3TextScaledWordEmbedding: `embed(ids) * embed_scale.to(weight.dtype)`).
 extern "C" __global__ void __launch_bounds__(ROW_THREADS)
 embedding(bf16* __restrict__ out, const bf16* __restrict__ table, const int* __restrict__ ids,
-          int n, int hidden, int vocab) {
+          int n, int hidden, int vocab, float scale) {
     KERN_PDL_WAIT();
     const int t = blockIdx.x;
     if (t >= n) return;
@@ -29,6 +31,10 @@ embedding(bf16* __restrict__ out, const bf16* __restrict__ table, const int* __r
     const bool valid = id >= 0 && id < vocab;
     bf16* o = out + (size_t)t * hidden;
     const bf16* src = table + (size_t)(valid ? id : 0) * hidden;
+    if (scale != 1.0f) {
+        for (int i = threadIdx.x; i < hidden; i += ROW_THREADS) o[i] = valid ? b(f(src[i]) * scale) : b(0.f);
+        return;
+    }
     if ((hidden & 7) == 0 && aligned16(out) && aligned16(table)) {
         const int nc = hidden >> 3;
         for (int c = threadIdx.x; c < nc; c += ROW_THREADS) {
@@ -45,10 +51,12 @@ embedding(bf16* __restrict__ out, const bf16* __restrict__ table, const int* __r
 //                             return weight * h.to(bf16)          (product rounded to bf16)
 // With ADD (fused residual): residual = bf16(residual + x) first (transformers' bf16 add), and
 // the norm is taken of the new residual, which is also written back.
-template <bool ADD>
+// OFF: the zero-centred weight of Gemma3RMSNorm, bf16((v · r) · (off + w)) in fp32, in place of
+// bf16(w · bf16(v · r)).
+template <bool ADD, bool OFF = false>
 __device__ __forceinline__ void rms_row(bf16* __restrict__ out, bf16* __restrict__ res,
                                                const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                               int hidden, float eps) {
+                                               int hidden, float eps, float off = 0.f) {
     __shared__ float scratch[32];
     const int tid = threadIdx.x;
     // The row is taken from `src` (x for the plain norm, the updated residual for the fused one).
@@ -125,7 +133,7 @@ __device__ __forceinline__ void rms_row(bf16* __restrict__ out, bf16* __restrict
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
                     float2 a = unpack2(vw[k]), g = unpack2(ww[k]);
-                    ow[k] = pack2(g.x * rb(a.x * r), g.y * rb(a.y * r));
+                    ow[k] = OFF ? pack2((a.x * r) * (off + g.x), (a.y * r) * (off + g.y)) : pack2(g.x * rb(a.x * r), g.y * rb(a.y * r));
                 }
                 reinterpret_cast<uint4*>(out)[c] = o;
             }
@@ -141,7 +149,7 @@ __device__ __forceinline__ void rms_row(bf16* __restrict__ out, bf16* __restrict
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 float2 a = unpack2(vw[k]), g = unpack2(ww[k]);
-                ow[k] = pack2(g.x * rb(a.x * r), g.y * rb(a.y * r));
+                ow[k] = OFF ? pack2((a.x * r) * (off + g.x), (a.y * r) * (off + g.y)) : pack2(g.x * rb(a.x * r), g.y * rb(a.y * r));
             }
             reinterpret_cast<uint4*>(out)[c] = o;
         }
@@ -158,7 +166,8 @@ __device__ __forceinline__ void rms_row(bf16* __restrict__ out, bf16* __restrict
         ss = block_sum(ss, scratch);
         const float r = rsqrtf(ss * (1.0f / (float)hidden) + eps);
         const bf16* src = ADD ? res : x;
-        for (int i = tid; i < hidden; i += ROW_THREADS) out[i] = b(f(w[i]) * rb(f(src[i]) * r));
+        for (int i = tid; i < hidden; i += ROW_THREADS)
+            out[i] = OFF ? b((f(src[i]) * r) * (off + f(w[i]))) : b(f(w[i]) * rb(f(src[i]) * r));
     }
 }
 
@@ -181,6 +190,28 @@ add_rms_norm(bf16* __restrict__ out, bf16* __restrict__ residual, const bf16* __
     if (t >= n) return;
     rms_row<true>(out + (size_t)t * hidden, residual + (size_t)t * hidden, x + (size_t)t * hidden, w, hidden,
                   eps);
+}
+
+// Gemma's zero-centred norms (Gemma3RMSNorm), bf16 rows: out[t] = bf16(rmsnorm(x[t]) * (off + w))
+// in fp32 — Gemma 3's post-attention and post-feedforward norms of a bf16 activation.
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+rms_norm_off(bf16* __restrict__ out, const bf16* __restrict__ x, const bf16* __restrict__ w, int n, int hidden,
+             float eps, float off) {
+    KERN_PDL_WAIT();
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    rms_row<false, true>(out + (size_t)t * hidden, nullptr, x + (size_t)t * hidden, w, hidden, eps, off);
+}
+
+// residual[t] = bf16(residual[t] + x[t]); out[t] = bf16(rmsnorm(residual[t]) * (off + w))
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+add_rms_norm_off(bf16* __restrict__ out, bf16* __restrict__ residual, const bf16* __restrict__ x,
+                 const bf16* __restrict__ w, int n, int hidden, float eps, float off) {
+    KERN_PDL_WAIT();
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    rms_row<true, true>(out + (size_t)t * hidden, residual + (size_t)t * hidden, x + (size_t)t * hidden, w,
+                        hidden, eps, off);
 }
 
 // ----------------------------------------------------------------------------- SwiGLU
@@ -213,6 +244,21 @@ swiglu(bf16* __restrict__ out, const bf16* __restrict__ gate_up, int n, int inte
     } else {
         for (int i = threadIdx.x; i < inter; i += ROW_THREADS * 2) o[i] = b(silu_bf16(f(g[i])) * f(u[i]));
     }
+}
+
+// ----------------------------------------------------------------------------- GeGLU (tanh)
+// gate_up[t] = [gate (inter) | up (inter)];  out[t, i] = bf16( bf16(gelu_tanh(gate)) * up )
+// (transformers' Gemma MLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)) with
+// act_fn = gelu_pytorch_tanh; two bf16 ops, as SwiGLU).
+extern "C" __global__ void __launch_bounds__(ROW_THREADS * 2)
+geglu_tanh(bf16* __restrict__ out, const bf16* __restrict__ gate_up, int n, int inter) {
+    KERN_PDL_WAIT();
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    const bf16* g = gate_up + (size_t)t * 2 * inter;
+    const bf16* u = g + inter;
+    bf16* o = out + (size_t)t * inter;
+    for (int i = threadIdx.x; i < inter; i += ROW_THREADS * 2) o[i] = b(__fmul_rn(gelu_tanh_bf16(f(g[i])), f(u[i])));
 }
 
 // ----------------------------------------------------------------------------- gather_last
@@ -250,10 +296,12 @@ static __device__ __forceinline__ bool aligned8(const void* p) {
     return ((uintptr_t)p & 7u) == 0;
 }
 
-// out[t, :] = float(table[ids[t], :]); ids outside [0, vocab) give a row of zeros.
+// out[t, :] = float(bf16(table[ids[t], :] * scale)); ids outside [0, vocab) give a row of zeros.
+// (scale as in `embedding`: 1 for most models, bf16(sqrt(hidden)) for Gemma; the product is
+// rounded to bf16 as transformers' bf16 multiply rounds it, and rb of a bf16 value is itself.)
 extern "C" __global__ void __launch_bounds__(ROW_THREADS)
 embedding_f32(float* __restrict__ out, const bf16* __restrict__ table, const int* __restrict__ ids, int n,
-              int hidden, int vocab) {
+              int hidden, int vocab, float scale) {
     KERN_PDL_WAIT();
     const int t = blockIdx.x;
     if (t >= n) return;
@@ -261,15 +309,15 @@ embedding_f32(float* __restrict__ out, const bf16* __restrict__ table, const int
     const bool valid = id >= 0 && id < vocab;
     float* o = out + (size_t)t * hidden;
     const bf16* src = table + (size_t)(valid ? id : 0) * hidden;
-    for (int i = threadIdx.x; i < hidden; i += ROW_THREADS) o[i] = valid ? f(src[i]) : 0.f;
+    for (int i = threadIdx.x; i < hidden; i += ROW_THREADS) o[i] = valid ? rb(f(src[i]) * scale) : 0.f;
 }
 
 // One row. ADD: res = res + x (fp32, written back), then the norm of res. Plain: the norm of src.
 // Pass 2 re-reads only the elements the same thread wrote in pass 1: no barrier needed for that.
-template <bool ADD>
+template <bool ADD, bool OFF = false>
 __device__ __forceinline__ void rms_row_f32(bf16* __restrict__ out, float* res, const float* src,
                                             const bf16* __restrict__ x, const bf16* __restrict__ w, int hidden,
-                                            float eps) {
+                                            float eps, float off = 0.f) {
     __shared__ float scratch[32];
     const int tid = threadIdx.x;
     const float* row = ADD ? res : src;
@@ -297,7 +345,7 @@ __device__ __forceinline__ void rms_row_f32(bf16* __restrict__ out, float* res, 
         for (int c = tid; c < nc; c += ROW_THREADS) {
             const float4 v = reinterpret_cast<const float4*>(row)[c];
             const uint2 wv = __ldg(reinterpret_cast<const uint2*>(w) + c);
-            reinterpret_cast<uint2*>(out)[c] = rms_scale4(v, r, wv);
+            reinterpret_cast<uint2*>(out)[c] = OFF ? rms_scale4_off(v, r, wv, off) : rms_scale4(v, r, wv);
         }
     } else {
         for (int i = tid; i < hidden; i += ROW_THREADS) {
@@ -310,7 +358,8 @@ __device__ __forceinline__ void rms_row_f32(bf16* __restrict__ out, float* res, 
         }
         ss = block_sum(ss, scratch);
         const float r = rsqrtf(ss * (1.0f / (float)hidden) + eps);
-        for (int i = tid; i < hidden; i += ROW_THREADS) out[i] = b(f(w[i]) * rb(row[i] * r));
+        for (int i = tid; i < hidden; i += ROW_THREADS)
+            out[i] = OFF ? b((row[i] * r) * (off + f(w[i]))) : b(f(w[i]) * rb(row[i] * r));
     }
 }
 
@@ -333,6 +382,28 @@ add_rms_norm_f32(bf16* __restrict__ out, float* __restrict__ residual, const bf1
     if (t >= n) return;
     rms_row_f32<true>(out + (size_t)t * hidden, residual + (size_t)t * hidden, nullptr, x + (size_t)t * hidden, w,
                       hidden, eps);
+}
+
+// Gemma's zero-centred norms on the fp32 residual: out[t] = bf16(rmsnorm(x[t]) * (off + w)).
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+rms_norm_f32_off(bf16* __restrict__ out, const float* __restrict__ x, const bf16* __restrict__ w, int n,
+                 int hidden, float eps, float off) {
+    KERN_PDL_WAIT();
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    rms_row_f32<false, true>(out + (size_t)t * hidden, nullptr, x + (size_t)t * hidden, nullptr, w, hidden, eps,
+                             off);
+}
+
+// residual[t] += x[t] (fp32); out[t] = bf16(rmsnorm(residual[t]) * (off + w))
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+add_rms_norm_f32_off(bf16* __restrict__ out, float* __restrict__ residual, const bf16* __restrict__ x,
+                     const bf16* __restrict__ w, int n, int hidden, float eps, float off) {
+    KERN_PDL_WAIT();
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    rms_row_f32<true, true>(out + (size_t)t * hidden, residual + (size_t)t * hidden, nullptr,
+                            x + (size_t)t * hidden, w, hidden, eps, off);
 }
 
 // out[s, :] = x[last_token[s], :] (fp32 rows); an index outside [0, tokens) gives zeros.

@@ -42,6 +42,29 @@ __device__ __forceinline__ uint2 rms_scale4(float4 v, float r, uint2 w4) {
     return o;
 }
 
+// Four normalized outputs packed as bf16 with a zero-centred weight: bf16((v · r) · (off + w)) in
+// fp32 (transformers' Gemma3RMSNorm: `(x̂ * (1.0 + weight.float())).type_as(x)`; off = 1 for
+// Hugging Face weights, 0 for GGUF files whose converter added the 1 to the weight).
+__device__ __forceinline__ uint2 rms_scale4_off(float4 v, float r, uint2 w4, float off) {
+    const float2 g0 = unpack2(w4.x), g1 = unpack2(w4.y);
+    uint2 o;
+    o.x = pack2((v.x * r) * (off + g0.x), (v.y * r) * (off + g0.y));
+    o.y = pack2((v.z * r) * (off + g1.x), (v.w * r) * (off + g1.y));
+    return o;
+}
+
+// ----------------------------------------------------------------------------- GeGLU (tanh)
+// F.gelu(x, approximate="tanh") on a bf16 value, as PyTorch's CUDA kernel computes it in fp32
+// (GeluCUDAKernelImpl: kBeta = sqrt(2) * 2/sqrt(pi) * 0.5, kKappa = 0.044715,
+// 0.5 * x * (1 + tanh(kBeta * (x + kKappa * x³)))), rounded once to bf16 (returned as fp32).
+__device__ __forceinline__ float gelu_tanh_bf16(float x) {
+    const float kBeta = (float)(1.4142135623730951 * 1.1283791670955126 * 0.5);
+    const float kKappa = 0.044715f;
+    const float x_cube = x * x * x;
+    const float inner = kBeta * (x + kKappa * x_cube);
+    return rb(0.5f * x * (1.0f + tanhf(inner)));
+}
+
 // ----------------------------------------------------------------------------- SwiGLU
 // F.silu on a bf16 value: x / (1 + exp(-x)) in fp32, rounded once to bf16 (returned as fp32).
 __device__ __forceinline__ float silu_bf16(float g) { return rb(g / (1.0f + expf(-g))); }
