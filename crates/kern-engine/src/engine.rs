@@ -1,30 +1,24 @@
 //! The engine: a request queue and the step loop on its own thread.
 //!
 //! [`Engine::start`] spawns the loop thread, which constructs the model there (a CUDA context
-//! belongs to the thread that made it) and then runs, step after step:
+//! belongs to the thread that made it) and then steps (`step_loop.rs`: admit → schedule → mask
+//! → run → commit → emit).
 //!
-//! 1. take commands (new requests, aborts, drain) — blocking only when there is no work;
-//! 2. `kern-sched` picks the step (decode tokens, prefill chunks, preemption);
-//! 3. the model runs it (`Model::step`: step inputs up, program, `sampled` and, when a request
-//!    asked for logprobs or host sampling, `logits` back);
-//! 4. the scheduler commits the tokens; each request's text is detokenized incrementally, stop
-//!    strings are matched, and its new text / tokens / logprobs go into its channel; finished
-//!    requests get their last event and free their pages.
+//! Constrained requests bring a compiled grammar ([`Engine::compile`], called by the client on
+//! its own thread before it submits, so compilation never holds the loop).
 //!
 //! Clients hold a [`RequestHandle`]; dropping it before the request finished aborts it (a
 //! client that disconnects frees its pages at once). A failing step fails every request in
 //! flight with the model's message and stops the engine: a GPU fault is sticky.
 
+use crate::constraint::{CompiledGrammar, Grammar, GrammarError, GrammarLimits, Grammars};
 use crate::metrics::Metrics;
 use crate::model::{Model, ModelError, ModelInfo};
-use crate::output::TextState;
-use crate::request::{Event, FinishReason, Request, RequestId, StopReason, TokenLogprob};
-use crate::sample;
-use kern_sched::{AddError, BlockManager, Finish, Limits, SamplingParams, Scheduler, SchedulerConfig, SeqId};
+use crate::request::{Event, Request, RequestId};
+use kern_sched::{AddError, Limits, Scheduler};
 use kern_tokenizer::Tokenizer;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc as tmpsc, watch};
@@ -50,11 +44,15 @@ pub struct EngineConfig {
     /// Keep a record of every step (`Engine::step_records`) and measure the copy bandwidth at
     /// start (`EngineInfo::copy_gbs`): for benchmarks.
     pub record_steps: bool,
+    /// Threads computing constrained requests' token masks (0: one per core, at most 8).
+    pub mask_threads: usize,
+    /// Bounds on compiling a request's grammar.
+    pub grammar_limits: GrammarLimits,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { max_seqs: None, max_batched_tokens: None, max_queue: 4096, eos: vec![], prefix_cache: true, offload_bytes: 0, spec: None, record_steps: false }
+        EngineConfig { max_seqs: None, max_batched_tokens: None, max_queue: 4096, eos: vec![], prefix_cache: true, offload_bytes: 0, spec: None, record_steps: false, mask_threads: 0, grammar_limits: GrammarLimits::default() }
     }
 }
 
@@ -86,6 +84,9 @@ pub struct EngineInfo {
     pub copy_gbs: Option<f64>,
     /// Speculative decoding as it runs (a draft program's k resolved), None when off.
     pub spec: Option<kern_sched::SpecConfig>,
+    /// Whether the model applies token masks itself (the step ABI's `token_mask`); else
+    /// constrained rows are masked and sampled on the host from the logits.
+    pub token_mask: bool,
 }
 
 /// One step, as `record_steps` keeps it.
@@ -140,26 +141,29 @@ pub enum SubmitError {
     Failed(String),
 }
 
-enum Cmd {
+pub(crate) enum Cmd {
     Add(RequestId, Box<Request>, tmpsc::UnboundedSender<Event>),
     Abort(RequestId),
     Drain,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     cmd: Mutex<mpsc::Sender<Cmd>>,
-    state: watch::Sender<State>,
-    info: OnceLock<EngineInfo>,
+    pub(crate) state: watch::Sender<State>,
+    pub(crate) info: OnceLock<EngineInfo>,
     failure: Mutex<Option<String>>,
     next_id: AtomicU64,
     /// Requests submitted and not finished.
-    pending: AtomicUsize,
+    pub(crate) pending: AtomicUsize,
     running: AtomicUsize,
-    metrics: Metrics,
-    phases: Mutex<Phases>,
-    records: Mutex<Vec<StepRecord>>,
+    pub(crate) metrics: Metrics,
+    pub(crate) phases: Mutex<Phases>,
+    pub(crate) records: Mutex<Vec<StepRecord>>,
     max_queue: usize,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    tokenizer: Option<Arc<Tokenizer>>,
+    /// The model's grammar compiler, once the model is loaded.
+    grammars: OnceLock<Arc<Grammars>>,
 }
 
 /// A handle on the engine; clones share it.
@@ -229,6 +233,8 @@ impl Engine {
             records: Mutex::new(Vec::new()),
             max_queue: cfg.max_queue,
             thread: Mutex::new(None),
+            tokenizer: tokenizer.clone(),
+            grammars: OnceLock::new(),
         });
         let engine = Engine { inner: inner.clone() };
         let handle = std::thread::Builder::new()
@@ -242,7 +248,9 @@ impl Engine {
                         Ok(m) => m,
                         Err(e) => return fail(&inner, format!("loading the model: {e}")),
                     };
-                    run(&inner, cfg, tokenizer.as_deref(), model, rx, t0);
+                    if let Some(l) = crate::step_loop::Loop::start(&inner, cfg, tokenizer.as_deref(), model, rx, t0) {
+                        l.run();
+                    }
                 }));
                 if let Err(p) = r {
                     let what = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
@@ -303,6 +311,20 @@ impl Engine {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// Compiles a grammar for a constrained request (cached; blocking up to the compile time
+    /// limit: call it off any async runtime's worker threads). Err: the request's problem.
+    pub fn compile(&self, g: &Grammar) -> Result<Arc<CompiledGrammar>, GrammarError> {
+        match self.inner.grammars.get() {
+            Some(gs) => gs.compile(g),
+            None => Err(GrammarError::Unsupported("the model is still loading: retry shortly".into())),
+        }
+    }
+
+    /// The grammar compiler (after the model is loaded): its cache and limits.
+    pub fn grammars(&self) -> Option<&Arc<Grammars>> {
+        self.inner.grammars.get()
     }
 
     /// Validates and queues a request.
@@ -387,6 +409,9 @@ fn validate(info: &EngineInfo, req: &Request) -> Result<(), SubmitError> {
     if s.top_k < 0 {
         return bad("top_k", format!("top_k must be 0 (off) or positive, not {}", s.top_k));
     }
+    if req.constraint.is_some() && !info.token_mask && !info.model.logits {
+        return bad("response_format", "this model cannot constrain its output: its manifest binds neither the step ABI's `token_mask` input nor a `logits` output".into());
+    }
     let host = needs_host_sampling(&info.model, req);
     if (host || req.logprobs.is_some() || req.return_logits) && !info.model.logits {
         let field = if req.logprobs.is_some() { "logprobs" } else if req.return_logits { "return_logits" } else if s.min_p > 0.0 { "min_p" } else { "temperature" };
@@ -400,370 +425,34 @@ fn validate(info: &EngineInfo, req: &Request) -> Result<(), SubmitError> {
     Ok(())
 }
 
-fn needs_host_sampling(m: &ModelInfo, req: &Request) -> bool {
+pub(crate) fn needs_host_sampling(m: &ModelInfo, req: &Request) -> bool {
     req.sampling.temperature > 0.0 && (req.sampling.min_p > 0.0 || !m.gpu_sampling)
 }
 
-fn fail(inner: &Inner, msg: String) {
+/// Tokens a token-mask row covers: the logits' width, else the tokenizer's vocabulary.
+pub(crate) fn mask_vocab(mi: &ModelInfo, tok: Option<&Tokenizer>) -> usize {
+    if mi.vocab > 0 {
+        mi.vocab
+    } else {
+        tok.map_or(0, Tokenizer::vocab_size)
+    }
+}
+
+/// Sets up the grammar compiler once the model is known: a model that neither takes a mask nor
+/// returns logits gets one that refuses every grammar, saying why.
+pub(crate) fn init_grammars(inner: &Inner, cfg: &EngineConfig, mi: &ModelInfo, token_mask: bool) {
+    let refuse = (!token_mask && !mi.logits).then(|| "this model cannot constrain its output: its manifest binds neither the step ABI's `token_mask` input (docs/step-abi.md) nor a `logits` output to mask on the host".to_string());
+    let eos = if cfg.eos.is_empty() { inner.tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default() } else { cfg.eos.clone() };
+    let vocab = mask_vocab(mi, inner.tokenizer.as_deref());
+    let _ = inner.grammars.set(Arc::new(Grammars::new(inner.tokenizer.clone(), vocab, eos, refuse, cfg.grammar_limits.clone())));
+}
+
+pub(crate) fn fail(inner: &Inner, msg: String) {
     *inner.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(msg);
     inner.state.send_replace(State::Failed);
 }
 
-/// Fails every request in flight with `msg`, then the engine (a step's failure is sticky).
-fn fail_all(inner: &Inner, live: &mut HashMap<SeqId, Live>, msg: String) {
-    for (_, lv) in live.drain() {
-        inner.pending.fetch_sub(1, Ordering::Relaxed);
-        lv.send(Event::Failed(msg.clone()));
-    }
-    fail(inner, msg);
-}
-
-/// A request the loop is working on.
-struct Live<'t> {
-    id: RequestId,
-    tx: tmpsc::UnboundedSender<Event>,
-    text: TextState<'t>,
-    req: Box<Request>,
-    seed: u64,
-    host_sample: bool,
-    generated: usize,
-    /// Prompt tokens the prefix cache supplied at the request's first step.
-    cached: usize,
-    started: Option<Instant>,
-    last_token: Option<Instant>,
-}
-
-impl Live<'_> {
-    fn send(&self, e: Event) {
-        // A closed channel means the client is gone; its abort is on the way.
-        let _ = self.tx.send(e);
-    }
-}
-
-fn run(inner: &Inner, cfg: EngineConfig, tok: Option<&Tokenizer>, mut model: Box<dyn Model>, rx: mpsc::Receiver<Cmd>, t0: Instant) {
-    if let Err(e) = model.warm_up(&mut |_, _| {}) {
-        return fail(inner, format!("warming up the model: {e}"));
-    }
-    let mi = model.info().clone();
-    let mut cfg = cfg;
-    if mi.per_seq_state && cfg.prefix_cache {
-        // A per-sequence state at a prefix's end is not snapshotted, so a cached prefix could
-        // not restore it: such models compute every prompt in full.
-        cfg.prefix_cache = false;
-    }
-    if mi.per_seq_state {
-        // Draft rows would each advance the sequence's state.
-        cfg.spec = None;
-    }
-    if let Some(sp) = cfg.spec.as_mut().filter(|sp| sp.drafter == kern_sched::Drafter::Program) {
-        let Some(k) = mi.draft_k else {
-            return fail(inner, "speculative decoding with a draft program: this model declares none (no `speculative` section in its manifest): pack it with `kern pack --draft ...`, or draft with n-grams (--spec-ngram)".into());
-        };
-        if sp.k == 0 {
-            sp.k = k;
-        }
-    }
-    let draft_program = cfg.spec.as_ref().is_some_and(|sp| sp.drafter == kern_sched::Drafter::Program);
-    let mut host_slots = 0;
-    if cfg.offload_bytes > 0 {
-        if !cfg.prefix_cache {
-            return fail(inner, "KV offload needs the prefix cache (it keeps cached pages in host memory): drop --no-prefix-cache".into());
-        }
-        let pb = model.page_bytes() as u64;
-        if pb == 0 {
-            return fail(inner, "this model cannot offload KV pages to host memory".into());
-        }
-        host_slots = (cfg.offload_bytes / pb) as usize;
-        if let Err(e) = model.init_host_tier(host_slots) {
-            return fail(inner, format!("allocating {} host slots for KV offload: {e}", host_slots));
-        }
-    }
-    let max_seqs = cfg.max_seqs.unwrap_or(mi.max_step_seqs).clamp(1, mi.max_step_seqs.max(1));
-    let chunk = cfg.max_batched_tokens.unwrap_or(mi.max_step_tokens).clamp(1, mi.max_step_tokens.max(1));
-    let mut sched = Scheduler::new(
-        SchedulerConfig { chunk, max_seqs, max_context: mi.max_context(), pages_per_seq: mi.pages_per_seq, spec: cfg.spec.clone() },
-        BlockManager::new(mi.total_pages, mi.page_tokens).with_prefix_cache(cfg.prefix_cache).with_host_tier(host_slots),
-    );
-    let m = &inner.metrics;
-    m.kv_total_pages.set(mi.total_pages as i64);
-    let copy_gbs = if cfg.record_steps { model.measure_copy_bandwidth() } else { None };
-    let state_bytes_per_token = (model.page_bytes() / mi.page_tokens.max(1)) as u64;
-    let _ = inner.info.set(EngineInfo {
-        model: mi.clone(),
-        limits: sched.limits(),
-        max_seqs,
-        max_batched_tokens: chunk,
-        startup_secs: t0.elapsed().as_secs_f64(),
-        weight_bytes: model.weight_bytes(),
-        state_bytes_per_token,
-        copy_gbs,
-        spec: cfg.spec.clone(),
-    });
-    inner.state.send_if_modified(|s| {
-        if *s == State::Loading {
-            *s = State::Ready;
-            true
-        } else {
-            false
-        }
-    });
-
-    let mut live: HashMap<SeqId, Live> = HashMap::new();
-    let mut seq_of: HashMap<RequestId, SeqId> = HashMap::new();
-    let mut draining = *inner.state.borrow() == State::Draining;
-    let mut seed_state = t0.elapsed().as_nanos() as u64 ^ 0x6b65_726e;
-    let mut preemptions = 0u64;
-    let finish = |lv: Live, reason: FinishReason, stop: Option<StopReason>| {
-        let now = Instant::now();
-        m.e2e.observe(now.duration_since(lv.req.arrival).as_secs_f64());
-        m.generation_len.observe(lv.generated as f64);
-        m.finished(reason.as_str());
-        inner.pending.fetch_sub(1, Ordering::Relaxed);
-        lv.send(Event::Finished { reason, stop_reason: stop, prompt_tokens: lv.req.prompt.len(), completion_tokens: lv.generated, cached_tokens: lv.cached });
-    };
-    loop {
-        // 1. Commands: wait for one only when there is nothing to compute.
-        loop {
-            let cmd = if sched.has_work() {
-                match rx.try_recv() {
-                    Ok(c) => c,
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => return,
-                }
-            } else if draining {
-                inner.state.send_replace(State::Stopped);
-                return;
-            } else {
-                match rx.recv_timeout(Duration::from_millis(500)) {
-                    Ok(c) => c,
-                    Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => return,
-                }
-            };
-            match cmd {
-                Cmd::Add(id, req, tx) => {
-                    let text = match TextState::new(tok, &req.prompt, req.skip_special_tokens, req.stop.clone(), req.include_stop_str) {
-                        Ok(t) => t,
-                        Err(e) => {
-                            inner.pending.fetch_sub(1, Ordering::Relaxed);
-                            let _ = tx.send(Event::Failed(format!("detokenizer: {e}")));
-                            continue;
-                        }
-                    };
-                    let seed = req.sampling.seed.unwrap_or_else(|| {
-                        seed_state = seed_state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                        seed_state >> 1
-                    });
-                    let params = SamplingParams {
-                        temperature: req.sampling.temperature,
-                        top_k: req.sampling.top_k,
-                        top_p: req.sampling.top_p,
-                        seed,
-                        max_tokens: req.max_tokens,
-                        stop: cfg.eos.clone(),
-                        ignore_eos: req.ignore_eos,
-                        stop_always: req.stop_token_ids.clone(),
-                    };
-                    match sched.add(req.prompt.clone(), params) {
-                        Ok(seq) => {
-                            m.prompt_tokens.inc_by(req.prompt.len() as u64);
-                            m.prompt_len.observe(req.prompt.len() as f64);
-                            seq_of.insert(id, seq);
-                            let host_sample = needs_host_sampling(&mi, &req);
-                            live.insert(seq, Live { id, tx, text, req, seed, host_sample, generated: 0, cached: 0, started: None, last_token: None });
-                        }
-                        Err(e) => {
-                            inner.pending.fetch_sub(1, Ordering::Relaxed);
-                            let _ = tx.send(Event::Failed(e.to_string()));
-                        }
-                    }
-                }
-                Cmd::Abort(id) => {
-                    if let Some(seq) = seq_of.remove(&id) {
-                        sched.abort(seq);
-                        if let Some(lv) = live.remove(&seq) {
-                            finish(lv, FinishReason::Abort, None);
-                        }
-                    }
-                }
-                Cmd::Drain => {
-                    draining = true;
-                    inner.state.send_if_modified(|s| {
-                        let change = *s == State::Ready;
-                        if change {
-                            *s = State::Draining;
-                        }
-                        change
-                    });
-                }
-            }
-            publish(inner, &sched);
-        }
-        publish(inner, &sched);
-        if !sched.has_work() {
-            continue;
-        }
-
-        // 2. Drafts from the draft program (greedy steps on its own state), then the step that
-        // verifies them.
-        let round_start = Instant::now();
-        let (mut draft_steps, mut draft_gpu_ms) = (0usize, 0f32);
-        if draft_program {
-            let mut next = sched.draft_begin(|t, s, d| model.pad(t, s, d));
-            while let Some(ds) = next {
-                let sampled = match model.draft_step(&ds) {
-                    Ok(s) => s,
-                    Err(e) => return fail_all(inner, &mut live, format!("the draft program failed in a step: {e}")),
-                };
-                draft_steps += 1;
-                draft_gpu_ms += model.last_gpu_ms().unwrap_or(0.0);
-                next = sched.draft_advance(&ds, &sampled, |t, s, d| model.pad(t, s, d));
-            }
-        }
-        let Some(step) = sched.schedule(|t, s, d| model.pad(t, s, d)) else {
-            // Cannot happen with the admission checks (a lone request always fits); fail the
-            // queue's front rather than spin.
-            let msg = format!("no request can be scheduled ({} of {} KV pages free)", sched.free_pages(), sched.total_pages());
-            return fail_all(inner, &mut live, msg);
-        };
-        let now = Instant::now();
-        for ss in &step.seqs {
-            if let Some(lv) = live.get_mut(&ss.id) {
-                if lv.started.is_none() {
-                    lv.started = Some(now);
-                    lv.cached = ss.start;
-                    m.queue_time.observe(now.duration_since(lv.req.arrival).as_secs_f64());
-                }
-            }
-        }
-        let restores = sched.take_restores();
-        if !restores.is_empty() {
-            if let Err(e) = model.restore_pages(&restores) {
-                return fail_all(inner, &mut live, format!("restoring KV pages from host memory: {e}"));
-            }
-        }
-        let want_logits = step.seqs.iter().any(|ss| ss.samples && live.get(&ss.id).is_some_and(|lv| lv.host_sample || lv.req.logprobs.is_some() || lv.req.return_logits));
-        // 3. The model.
-        let out = match model.step(&step, want_logits) {
-            Ok(o) => o,
-            Err(e) => {
-                return fail_all(inner, &mut live, format!("the model failed in a step: {e}"));
-            }
-        };
-        m.steps.inc();
-        m.iteration_tokens.observe(step.real_tokens as f64);
-        if !restores.is_empty() || m.restore_bytes.get() > 0 {
-            let (bytes, secs) = model.restore_timing();
-            m.restore_bytes.inc_by(bytes.saturating_sub(m.restore_bytes.get()));
-            let before = m.restore_secs.get();
-            if secs > before {
-                m.restore_secs.inc_by(secs - before);
-            }
-        }
-
-        let vocab = mi.vocab;
-        let row_logits = |row: usize| out.logits.as_ref().and_then(|l| l.get(row * vocab..(row + 1) * vocab));
-        let mut sampled = out.sampled.clone();
-        for (row, ss) in step.seqs.iter().enumerate() {
-            if let (true, Some(lv)) = (ss.samples, live.get(&ss.id)) {
-                if lv.host_sample {
-                    if let (Some(l), Some(slot)) = (row_logits(row), sampled.get_mut(row)) {
-                        *slot = sample::sample(l, &lv.req.sampling, lv.seed, step.seq_lens[row] as u64) as i32;
-                    }
-                }
-            }
-        }
-        // 4. Commit and stream.
-        let outs = sched.commit(&step, &sampled);
-        {
-            // Prefill counts the tokens computed; decode the tokens generated (with drafts, a
-            // step generates several per sequence).
-            let mut ps = inner.phases.lock().unwrap_or_else(|p| p.into_inner());
-            let (ph, n) = if step.is_decode() { (&mut ps.decode, outs.len()) } else { (&mut ps.prefill, step.real_tokens) };
-            ph.steps += 1;
-            ph.tokens += n as u64;
-            ph.secs += round_start.elapsed().as_secs_f64();
-        }
-        if cfg.record_steps {
-            let rec = StepRecord {
-                decode: step.is_decode(),
-                rows: step.real_seqs,
-                tokens: step.real_tokens,
-                seqs: {
-                    let mut ids: Vec<u64> = step.seqs.iter().map(|s| s.id).collect();
-                    ids.dedup();
-                    ids.len()
-                },
-                generated: outs.len(),
-                context: step.seq_lens.iter().take(step.real_seqs).map(|&l| l.max(0) as usize).sum(),
-                wall_ms: round_start.elapsed().as_secs_f64() * 1e3,
-                gpu_ms: model.last_gpu_ms().map(|g| g + draft_gpu_ms),
-                draft_steps,
-            };
-            inner.records.lock().unwrap_or_else(|p| p.into_inner()).push(rec);
-        }
-        let stores = sched.take_stores();
-        if !stores.is_empty() {
-            if let Err(e) = model.store_pages(&stores) {
-                return fail_all(inner, &mut live, format!("copying KV pages to host memory: {e}"));
-            }
-        }
-        let now = Instant::now();
-        for o in outs {
-            let Some(lv) = live.get_mut(&o.id) else { continue };
-            lv.generated += 1;
-            m.generation_tokens.inc();
-            match lv.last_token {
-                None => m.ttft.observe(now.duration_since(lv.req.arrival).as_secs_f64()),
-                Some(t) => m.itl.observe(now.duration_since(t).as_secs_f64()),
-            }
-            lv.last_token = Some(now);
-            let lps: Vec<TokenLogprob> = match (lv.req.logprobs, row_logits(o.row)) {
-                (Some(n), Some(l)) => vec![sample::logprobs(l, o.token, n)],
-                _ => vec![],
-            };
-            let (mut text, hit) = match lv.text.push(o.token) {
-                Ok(x) => x,
-                Err(e) => {
-                    let lv = live.remove(&o.id).expect("present");
-                    seq_of.remove(&lv.id);
-                    sched.abort(o.id);
-                    inner.pending.fetch_sub(1, Ordering::Relaxed);
-                    lv.send(Event::Failed(format!("detokenizing token {}: {e}", o.token)));
-                    continue;
-                }
-            };
-            let end = match (hit, o.finished) {
-                (Some(s), _) => Some((FinishReason::Stop, Some(StopReason::Text(s)))),
-                (None, Some(Finish::Stop)) => Some((FinishReason::Stop, lv.req.stop_token_ids.contains(&o.token).then_some(StopReason::Token(o.token)))),
-                (None, Some(Finish::Length)) => Some((FinishReason::Length, None)),
-                (None, None) => None,
-            };
-            if matches!(end, Some((_, None | Some(StopReason::Token(_))))) {
-                // Not a stop string: flush what was held back.
-                match lv.text.finish() {
-                    Ok(rest) => text.push_str(&rest),
-                    Err(e) => text.push_str(&format!("\u{FFFD}[{e}]")),
-                }
-            }
-            let logits = if lv.req.return_logits { row_logits(o.row).map(<[f32]>::to_vec).unwrap_or_default() } else { vec![] };
-            lv.send(Event::Output { text, tokens: vec![o.token], logprobs: lps, logits });
-            if let Some((reason, stop)) = end {
-                let lv = live.remove(&o.id).expect("present");
-                seq_of.remove(&lv.id);
-                sched.abort(o.id); // frees the pages of a stop-string finish (a no-op otherwise)
-                finish(lv, reason, stop);
-            }
-        }
-        if sched.preemptions() > preemptions {
-            m.preemptions.inc_by(sched.preemptions() - preemptions);
-            preemptions = sched.preemptions();
-        }
-        publish(inner, &sched);
-    }
-}
-
-fn publish(inner: &Inner, sched: &Scheduler) {
+pub(crate) fn publish(inner: &Inner, sched: &Scheduler) {
     let m = &inner.metrics;
     let sp = sched.spec_stats();
     m.spec_drafts.inc_by(sp.drafts.saturating_sub(m.spec_drafts.get()));

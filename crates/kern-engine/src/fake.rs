@@ -8,10 +8,17 @@
 //! position is reported as corruption. The next token is a pure function of the context (the
 //! `rule`, by default a hash), so tests know every request's exact expected output.
 //!
+//! A step's token mask (`Model::step_with`) is honoured like a real sampler honours it: a
+//! constrained row never gets a token its mask forbids. Its choice among the allowed tokens is
+//! as arbitrary as its other choices (a hash of the context), except that tokens given to
+//! [`FakeModel::with_preferred`] are taken first half the time when allowed — a test's logit
+//! bias, so that a random walk through a grammar (a JSON string, say) ends in a few tokens.
+//!
 //! With [`FakeModel::with_draft`] it also has a draft program: its own rule over its own
 //! per-token state (a second store paged by the same block tables, like `draft_kv`), checked
 //! the same way — a draft row reading a position whose draft state was never written fails.
 
+use crate::constraint::TokenMask;
 use crate::model::{Model, ModelError, ModelInfo, StepOutput};
 use kern_sched::Step;
 use std::sync::Arc;
@@ -46,12 +53,16 @@ pub struct FakeModel {
     /// Fail this step (0-based) with a fault naming an op, like a GPU fault would.
     pub fail_at_step: Option<usize>,
     steps: usize,
+    /// Whether steps take a token mask (else the engine masks on the host, from the logits).
+    mask_input: bool,
+    /// Tokens a constrained row prefers (see the module docs).
+    preferred: Vec<u32>,
 }
 
 impl FakeModel {
     pub fn new(info: ModelInfo, rule: Rule) -> FakeModel {
         let slots = info.total_pages * info.page_tokens;
-        FakeModel { info, rule, kv: vec![None; slots], host: Vec::new(), draft: None, draft_steps: 0, step_delay: Duration::ZERO, fail_at_step: None, steps: 0 }
+        FakeModel { info, rule, kv: vec![None; slots], host: Vec::new(), draft: None, draft_steps: 0, step_delay: Duration::ZERO, fail_at_step: None, steps: 0, mask_input: true, preferred: Vec::new() }
     }
 
     /// Adds a draft program proposing `k` tokens per step with `rule` (the model's own rule
@@ -60,6 +71,42 @@ impl FakeModel {
         self.info.draft_k = Some(k);
         self.draft = Some((rule, vec![None; self.kv.len()], Vec::new()));
         self
+    }
+
+    /// A model whose steps take no token mask, like a manifest without the `token_mask` input:
+    /// the engine then masks constrained rows on the host.
+    pub fn without_token_mask(mut self) -> FakeModel {
+        self.mask_input = false;
+        self
+    }
+
+    /// Tokens a constrained row takes first (each half the time) when its mask allows them.
+    pub fn with_preferred(mut self, tokens: Vec<u32>) -> FakeModel {
+        self.preferred = tokens;
+        self
+    }
+
+    /// A token of row `r` that `mask` allows: a preferred one (each with probability 1/2 by
+    /// the hash `h`), the unconstrained choice `tok` when allowed, else the allowed token of
+    /// rank `h mod count`.
+    fn constrained(&self, mask: &TokenMask, r: usize, tok: u32, h: u64) -> Result<u32, ModelError> {
+        let Some(words) = mask.row(r) else { return Ok(tok) };
+        for (i, &p) in self.preferred.iter().enumerate() {
+            if mask.allows(r, p) && (h >> (i % 64)) & 1 == 0 {
+                return Ok(p);
+            }
+        }
+        if mask.allows(r, tok) {
+            return Ok(tok);
+        }
+        let vocab = self.info.vocab;
+        let bit = |t: usize| (words[t / 32] >> (t % 32)) & 1 == 1;
+        let count: usize = (0..vocab.min(words.len() * 32)).filter(|&t| bit(t)).count();
+        if count == 0 {
+            return Err(ModelError(format!("row {r}: the token mask allows no token")));
+        }
+        let k = (h >> 7) as usize % count;
+        Ok((0..vocab).filter(|&t| bit(t)).nth(k).expect("k < count") as u32)
     }
 
     /// A small model: `vocab` ids, steps of 64 tokens × 8 sequences, 4-token pages.
@@ -147,7 +194,19 @@ impl Model for FakeModel {
         Ok(ctxs.iter().map(|c| rule(c) as i32).collect())
     }
 
+    fn token_mask(&self) -> bool {
+        self.mask_input
+    }
+
     fn step(&mut self, st: &Step, want_logits: bool) -> Result<StepOutput, ModelError> {
+        self.step_with(st, want_logits, None, &mut || {})
+    }
+
+    fn step_with(&mut self, st: &Step, want_logits: bool, mask: Option<&TokenMask>, while_running: &mut dyn FnMut()) -> Result<StepOutput, ModelError> {
+        if mask.is_some_and(TokenMask::any) && !self.mask_input {
+            return Err(ModelError("this model applies no token mask".into()));
+        }
+        while_running();
         if self.fail_at_step == Some(self.steps) {
             return Err(ModelError("call `layer3.attn` (op `attention`): an illegal memory access was encountered (fake fault)".into()));
         }
@@ -172,6 +231,10 @@ impl Model for FakeModel {
             } else {
                 greedy
             };
+            let tok = match mask {
+                Some(m) => self.constrained(m, r, tok, fnv(ctx.iter().map(|&t| t as u64).chain([st.seeds[r], len as u64, 0x6d61_736b]))),
+                None => Ok(tok),
+            }?;
             sampled.push(tok as i32);
             if let Some(l) = logits.as_mut() {
                 self.logits_row(tok, fnv(ctx.iter().map(|&t| t as u64)), l);

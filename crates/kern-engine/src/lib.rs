@@ -5,9 +5,11 @@
 //! program through `kern-runtime` (the only other implementation); [`fake::FakeModel`] is a
 //! deterministic CPU model with a real paged KV store, which the engine's and the server's
 //! tests run on. Clients (`kern generate`, `kern serve`) only submit [`Request`]s and read
-//! [`Event`]s.
+//! [`Event`]s. A request may carry a [`constraint::Constraint`] (a compiled grammar its output
+//! must follow: JSON Schema, regex, choice, Lark), applied as a token mask before sampling.
 
 pub mod bench;
+pub mod constraint;
 mod engine;
 pub mod fake;
 pub mod gpu;
@@ -17,6 +19,7 @@ mod model;
 mod output;
 mod request;
 pub mod sample;
+mod step_loop;
 
 pub use engine::{Engine, EngineConfig, EngineInfo, Phase, Phases, RequestHandle, State, StepRecord, SubmitError};
 pub use metrics::Metrics;

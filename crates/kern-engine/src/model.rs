@@ -3,6 +3,7 @@
 //! is [`crate::fake::FakeModel`], deterministic and CPU-only, which the engine's and the
 //! server's tests run against.
 
+use crate::constraint::TokenMask;
 use kern_sched::Step;
 
 /// What the engine needs to know about a model to schedule it.
@@ -69,6 +70,24 @@ pub trait Model {
 
     /// Runs one step; `want_logits` asks for the last-position logits too.
     fn step(&mut self, step: &Step, want_logits: bool) -> Result<StepOutput, ModelError>;
+
+    /// Whether the model applies a [`TokenMask`] before it samples (its manifest binds the step
+    /// ABI's `token_mask` and `mask_rows` inputs, and its sampler honours them). Without it the
+    /// engine masks on the host, through the `logits` output.
+    fn token_mask(&self) -> bool {
+        false
+    }
+
+    /// Runs one step like [`Model::step`], with `mask` constraining the sampling (given only
+    /// when [`Model::token_mask`]); `while_running` is called once the step's work is queued and
+    /// before its outputs are waited for, so host work done there overlaps the GPU.
+    fn step_with(&mut self, step: &Step, want_logits: bool, mask: Option<&TokenMask>, while_running: &mut dyn FnMut()) -> Result<StepOutput, ModelError> {
+        if mask.is_some_and(TokenMask::any) {
+            return Err(ModelError("this model applies no token mask (its manifest binds no `token_mask` step input)".into()));
+        }
+        while_running();
+        self.step(step, want_logits)
+    }
 
     /// Runs one step of the draft program (`ModelInfo::draft_k` is set) on its own state;
     /// returns each real row's greedy next token.

@@ -1,5 +1,6 @@
 //! What a client asks the engine for, and what comes back on the request's channel.
 
+use crate::constraint::Constraint;
 use std::time::Instant;
 
 pub type RequestId = u64;
@@ -49,6 +50,8 @@ pub struct Request {
     pub return_logits: bool,
     /// When the client sent it (TTFT and queue time count from here).
     pub arrival: Instant,
+    /// A grammar the output must follow (compiled with `Engine::compile`), None: free.
+    pub constraint: Option<Constraint>,
 }
 
 impl Request {
@@ -65,6 +68,7 @@ impl Request {
             skip_special_tokens: true,
             return_logits: false,
             arrival: Instant::now(),
+            constraint: None,
         }
     }
 }

@@ -30,6 +30,23 @@ fn splitmix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// [`sample`] restricted to the tokens `mask` allows (bit `t % 32` of word `t / 32`; None:
+/// every token): a token the mask forbids is never chosen, greedy or sampled — the host's
+/// version of a sampler that honours the step ABI's `token_mask`.
+pub fn sample_masked(row: &[f32], mask: Option<&[u32]>, s: &Sampling, seed: u64, position: u64) -> u32 {
+    let Some(mask) = mask else { return sample(row, s, seed, position) };
+    let allowed = |i: usize| mask.get(i / 32).is_some_and(|w| (w >> (i % 32)) & 1 == 1);
+    // Forbidden logits become -inf; an allowed -inf or NaN logit is still preferred to them.
+    let masked: Vec<f32> = row.iter().enumerate().map(|(i, &x)| if !allowed(i) { f32::NEG_INFINITY } else if x.is_nan() || x == f32::NEG_INFINITY { f32::MIN } else { x }).collect();
+    let t = sample(&masked, s, seed, position);
+    if allowed(t as usize) {
+        return t;
+    }
+    // Sampling drew a zero-weight token (top-k wider than the allowed set, at the end of the
+    // order): the best allowed token instead.
+    (0..row.len()).filter(|&i| allowed(i)).max_by(|&a, &b| masked[a].total_cmp(&masked[b]).then(b.cmp(&a))).unwrap_or(t as usize) as u32
+}
+
 /// Samples from `row` with `s`'s truncations; `position` is the sampled token's position.
 /// Greedy (temperature 0) is the argmax, lowest id on ties.
 pub fn sample(row: &[f32], s: &Sampling, seed: u64, position: u64) -> u32 {
@@ -100,5 +117,19 @@ mod tests {
         let k1 = Sampling { temperature: 1.0, top_k: 1, ..Default::default() };
         assert!((0..50).all(|p| sample(&row, &k1, 3, p) == 0));
         assert_eq!(sample(&row, &Sampling::default(), 0, 0), 0, "greedy");
+    }
+
+    #[test]
+    fn a_mask_is_never_crossed() {
+        let row = [10.0f32, 9.9, 0.0, -5.0, f32::NAN];
+        let only = |bits: u32| [bits];
+        assert_eq!(sample_masked(&row, Some(&only(0b0100)), &Sampling::default(), 0, 0), 2, "greedy among the allowed");
+        assert_eq!(sample_masked(&row, Some(&only(0b1000)), &Sampling::default(), 0, 0), 3);
+        let s = Sampling { temperature: 1.0, top_k: 2, ..Default::default() };
+        for pos in 0..100 {
+            let t = sample_masked(&row, Some(&only(0b1100)), &s, 9, pos);
+            assert!(t == 2 || t == 3, "sampled {t}");
+        }
+        assert_eq!(sample_masked(&row, None, &Sampling::default(), 0, 0), sample(&row, &Sampling::default(), 0, 0));
     }
 }

@@ -158,6 +158,7 @@ fn submit(s: &Shared, prompts: &[Vec<u32>], c: &Common, max_tokens: &dyn Fn(usiz
                 skip_special_tokens: c.skip_special_tokens,
                 return_logits: false,
                 arrival,
+                constraint: None,
             };
             // An error drops the handles submitted so far, which aborts them.
             handles.push(s.engine.submit(req)?);

@@ -148,6 +148,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         spec: args.spec.config()?,
         offload_bytes: (args.offload_gib.max(0.0) * (1u64 << 30) as f64) as u64,
         record_steps: false,
+        ..Default::default()
     };
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
