@@ -71,6 +71,7 @@ pub mod matching;
 pub mod numeric;
 pub mod pairing;
 pub mod report;
+pub mod stats;
 
 pub use gpu::{run, Options};
 pub use pairing::{analyze, Analysis, Incomparable};
