@@ -22,8 +22,10 @@ pub(crate) struct Found {
     pub bos_token: Option<String>,
     pub eos_token: Option<String>,
     pub pad_token: Option<String>,
-    /// `tokenizer_config.json`'s `add_bos_token`.
+    pub unk_token: Option<String>,
+    /// `tokenizer_config.json`'s `add_bos_token` / `add_eos_token`.
     pub add_bos: bool,
+    pub add_eos: bool,
 }
 
 /// Reads the configuration files in `dir` that exist, registers added tokens that
@@ -136,10 +138,10 @@ pub(crate) fn read(dir: &Path, tok: &mut tokenizers::Tokenizer) -> Result<Found>
         found.bos_token = Some(name);
     }
     found.pad_token = token_name(cfg.get("pad_token"));
-    found.add_bos = cfg
-        .get("add_bos_token")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    found.unk_token = token_name(cfg.get("unk_token"));
+    let flag = |key: &str| cfg.get(key).and_then(Value::as_bool).unwrap_or(false);
+    found.add_bos = flag("add_bos_token");
+    found.add_eos = flag("add_eos_token");
     found.chat_template = match cfg.get("chat_template") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),

@@ -1,21 +1,25 @@
-//! A tokenizer built from GGUF metadata (`tokenizer.ggml.*`): the byte-level BPE that a
-//! model's `tokenizer.json` describes, rebuilt from the token list, the merges, the token types
+//! A tokenizer built from GGUF metadata (`tokenizer.ggml.*`): the tokenizer that a model's
+//! `tokenizer.json` describes, rebuilt from the token list, the merges or scores, the token types
 //! and the pre-tokenizer name, so that it gives the same ids.
 //!
-//! Which `tokenizer.ggml.model` and `tokenizer.ggml.pre` values are known, and what each
-//! pre-tokenizer is (normalizer, pre-tokenizer, post-processor, decoder, in the `tokenizers`
-//! crate's JSON), is data: `gguf-pre-tokenizers.json` at the crate root. Nothing here names a
-//! model family.
+//! Two kinds are rebuilt, picked by `tokenizer.ggml.model` through the data table:
+//! byte-level BPE (`gguf_bpe.rs`: the byte-to-unicode alphabet, merges stored in the file) and
+//! SentencePiece-style BPE (`gguf_spm.rs`: `▁` for spaces, `<0xXX>` byte fallback, merges rebuilt
+//! from the scores as transformers' GGUF loader rebuilds them). This file holds what both share:
+//! reading the metadata, checking the token table and the special ids, the added tokens, the
+//! BOS/EOS post-processor and the [`Tokenizer`] it ends in.
+//!
+//! Which `tokenizer.ggml.model`, `tokenizer.ggml.pre` and `general.architecture` values are
+//! known, and what each variant is (normalizer, pre-tokenizer, post-processor, decoder, in the
+//! `tokenizers` crate's JSON), is data: `gguf-pre-tokenizers.json` at the crate root. Nothing
+//! here names a model family.
 
 use crate::{Result, Tokenizer, TokenizerError};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
-use tokenizers::models::bpe::{Merges, Vocab, BPE};
-use tokenizers::{
-    AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper,
-};
+use tokenizers::{AddedToken, PostProcessorWrapper};
 
-/// The table of known GGUF tokenizer models and pre-tokenizers.
+/// The table of known GGUF tokenizer models, pre-tokenizers and SentencePiece variants.
 const TABLE: &str = include_str!("../gguf-pre-tokenizers.json");
 
 /// GGUF token types (`tokenizer.ggml.token_type`).
@@ -31,12 +35,16 @@ pub mod token_type {
 /// The tokenizer metadata of a GGUF file, as plain data (a GGUF reader fills it).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct GgufTokenizerMeta {
+    /// `general.architecture`: picks the SentencePiece variant (see the data table).
+    pub architecture: Option<String>,
     /// `tokenizer.ggml.model`.
     pub model: String,
     /// `tokenizer.ggml.pre`.
     pub pre: Option<String>,
     /// `tokenizer.ggml.tokens`: the token of each id.
     pub tokens: Vec<String>,
+    /// `tokenizer.ggml.scores`, one per token (SentencePiece vocabularies; may be empty).
+    pub scores: Vec<f32>,
     /// `tokenizer.ggml.merges`: `"left right"`, highest priority first.
     pub merges: Vec<String>,
     /// `tokenizer.ggml.token_type`, one per token (empty: all normal).
@@ -45,355 +53,399 @@ pub struct GgufTokenizerMeta {
     pub bos_id: Option<u32>,
     /// `tokenizer.ggml.eos_token_id`.
     pub eos_id: Option<u32>,
+    /// `tokenizer.ggml.unknown_token_id`.
+    pub unk_id: Option<u32>,
     /// `tokenizer.ggml.padding_token_id`.
     pub pad_id: Option<u32>,
     /// `tokenizer.ggml.eot_token_id`.
     pub eot_id: Option<u32>,
     /// `tokenizer.ggml.add_bos_token`.
     pub add_bos: Option<bool>,
+    /// `tokenizer.ggml.add_eos_token`.
+    pub add_eos: Option<bool>,
+    /// `tokenizer.ggml.add_space_prefix` (read, and reported; see the data table for who honors
+    /// it).
+    pub add_space_prefix: Option<bool>,
     /// `tokenizer.chat_template`.
     pub chat_template: Option<String>,
 }
 
 impl GgufTokenizerMeta {
     /// Reads the fields from a JSON object keyed by GGUF key (`"tokenizer.ggml.tokens": [...]`,
-    /// ...), as a GGUF reader that turns metadata into JSON would give them. Keys other than
-    /// the ones above are ignored.
+    /// `"general.architecture": "..."`), as a GGUF reader that turns metadata into JSON would
+    /// give them. Keys other than the ones above are ignored.
     pub fn from_json(meta: &Value) -> Result<GgufTokenizerMeta> {
         let bad = |key: &str, want: &str| meta_error(format!("`{key}` is not {want}"));
         let obj = meta
             .as_object()
             .ok_or_else(|| meta_error("the metadata is not a JSON object".into()))?;
+        let get = |key: &str| obj.get(key).filter(|v| !v.is_null());
         let string = |key: &str| -> Result<Option<String>> {
-            match obj.get(key) {
-                None | Some(Value::Null) => Ok(None),
+            match get(key) {
+                None => Ok(None),
                 Some(Value::String(s)) => Ok(Some(s.clone())),
                 Some(_) => Err(bad(key, "a string")),
             }
         };
-        let strings = |key: &str| -> Result<Vec<String>> {
-            match obj.get(key) {
-                None | Some(Value::Null) => Ok(Vec::new()),
-                Some(Value::Array(a)) => a
-                    .iter()
-                    .map(|v| v.as_str().map(str::to_string))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| bad(key, "an array of strings")),
-                Some(_) => Err(bad(key, "an array of strings")),
+        // An array of `T`, each element read by `f`; absent is empty.
+        fn array<T>(
+            v: Option<&Value>,
+            f: impl Fn(&Value) -> Option<T>,
+        ) -> std::result::Result<Vec<T>, ()> {
+            match v {
+                None => Ok(Vec::new()),
+                Some(Value::Array(a)) => a.iter().map(f).collect::<Option<Vec<_>>>().ok_or(()),
+                Some(_) => Err(()),
             }
+        }
+        let strings = |key: &str| {
+            array(get(key), |v| v.as_str().map(str::to_string))
+                .map_err(|()| bad(key, "an array of strings"))
         };
         let id = |key: &str| -> Result<Option<u32>> {
-            match obj.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => v
-                    .as_u64()
-                    .and_then(|n| u32::try_from(n).ok())
-                    .map(Some)
-                    .ok_or_else(|| bad(key, "a token id")),
-            }
+            get(key)
+                .map(|v| {
+                    v.as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .ok_or_else(|| bad(key, "a token id"))
+                })
+                .transpose()
         };
-        let types = match obj.get("tokenizer.ggml.token_type") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| v.as_i64().and_then(|n| i32::try_from(n).ok()))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| bad("tokenizer.ggml.token_type", "an array of integers"))?,
-            Some(_) => return Err(bad("tokenizer.ggml.token_type", "an array of integers")),
+        let flag = |key: &str| -> Result<Option<bool>> {
+            get(key)
+                .map(|v| v.as_bool().ok_or_else(|| bad(key, "a boolean")))
+                .transpose()
         };
-        let add_bos = match obj.get("tokenizer.ggml.add_bos_token") {
-            None | Some(Value::Null) => None,
-            Some(Value::Bool(b)) => Some(*b),
-            Some(_) => return Err(bad("tokenizer.ggml.add_bos_token", "a boolean")),
-        };
+        let types_key = "tokenizer.ggml.token_type";
+        let scores_key = "tokenizer.ggml.scores";
         Ok(GgufTokenizerMeta {
+            architecture: string("general.architecture")?,
             model: string("tokenizer.ggml.model")?
                 .ok_or_else(|| meta_error("`tokenizer.ggml.model` is missing".into()))?,
             pre: string("tokenizer.ggml.pre")?,
             tokens: strings("tokenizer.ggml.tokens")?,
+            // GGUF scores are f32; JSON carries them as (exact) doubles.
+            scores: array(get(scores_key), |v| v.as_f64().map(|x| x as f32))
+                .map_err(|()| bad(scores_key, "an array of numbers"))?,
             merges: strings("tokenizer.ggml.merges")?,
-            token_types: types,
+            token_types: array(get(types_key), |v| {
+                v.as_i64().and_then(|n| i32::try_from(n).ok())
+            })
+            .map_err(|()| bad(types_key, "an array of integers"))?,
             bos_id: id("tokenizer.ggml.bos_token_id")?,
             eos_id: id("tokenizer.ggml.eos_token_id")?,
+            unk_id: id("tokenizer.ggml.unknown_token_id")?,
             pad_id: id("tokenizer.ggml.padding_token_id")?,
             eot_id: id("tokenizer.ggml.eot_token_id")?,
-            add_bos,
+            add_bos: flag("tokenizer.ggml.add_bos_token")?,
+            add_eos: flag("tokenizer.ggml.add_eos_token")?,
+            add_space_prefix: flag("tokenizer.ggml.add_space_prefix")?,
             chat_template: string("tokenizer.chat_template")?,
         })
     }
+
+    /// The type of token `id` (NORMAL when the file gives no types).
+    pub(crate) fn ty(&self, id: usize) -> i32 {
+        self.token_types
+            .get(id)
+            .copied()
+            .unwrap_or(token_type::NORMAL)
+    }
 }
 
-fn meta_error(message: String) -> TokenizerError {
+pub(crate) fn meta_error(message: String) -> TokenizerError {
     TokenizerError::Gguf { message }
 }
 
-/// The `tokenizer.ggml.model` values and `tokenizer.ggml.pre` entries kern knows.
-struct Known {
-    models: Vec<String>,
-    pre: serde_json::Map<String, Value>,
+/// The kinds of tokenizer `models` maps a `tokenizer.ggml.model` value to.
+const BYTE_LEVEL_BPE: &str = "byte-level-bpe";
+const SENTENCEPIECE_BPE: &str = "sentencepiece-bpe";
+
+/// The `tokenizer.ggml.model` values, `tokenizer.ggml.pre` entries and SentencePiece variants
+/// kern knows.
+pub(crate) struct Known {
+    /// `tokenizer.ggml.model` value → kind.
+    pub models: serde_json::Map<String, Value>,
+    pub pre: serde_json::Map<String, Value>,
+    pub sentencepiece: serde_json::Map<String, Value>,
 }
 
 fn known() -> Result<Known> {
     let table: Value = serde_json::from_str(TABLE)
         .map_err(|e| meta_error(format!("gguf-pre-tokenizers.json is not valid JSON: {e}")))?;
-    let models = table["models"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    let pre = table["pre"].as_object().cloned().unwrap_or_default();
-    Ok(Known { models, pre })
+    let section = |key: &str| table[key].as_object().cloned().unwrap_or_default();
+    Ok(Known {
+        models: section("models"),
+        pre: section("pre"),
+        sentencepiece: section("sentencepiece"),
+    })
 }
 
-/// The `tokenizer.ggml.pre` values [`Tokenizer::from_gguf_metadata`] accepts.
+/// The `tokenizer.ggml.pre` values [`Tokenizer::from_gguf_metadata`] accepts for byte-level BPE.
 pub fn supported_pre_tokenizers() -> Vec<String> {
     known()
         .map(|k| k.pre.keys().cloned().collect())
         .unwrap_or_default()
 }
 
-fn component<T: serde::de::DeserializeOwned>(
+/// One component (`normalizer`, `decoder`, ...) of a table entry, as the `tokenizers` type.
+pub(crate) fn component<T: serde::de::DeserializeOwned>(
     entry: &Value,
-    pre: &str,
+    name: &str,
     key: &str,
 ) -> Result<Option<T>> {
     match entry.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => serde_json::from_value(v.clone()).map(Some).map_err(|e| {
             meta_error(format!(
-                "gguf-pre-tokenizers.json: `{pre}`.{key} is not a tokenizers {key}: {e}"
+                "gguf-pre-tokenizers.json: `{name}`.{key} is not a tokenizers {key}: {e}"
             ))
         }),
     }
 }
 
+/// What a kind-specific builder hands back: the `tokenizers` tokenizer with its model,
+/// normalizer, pre-tokenizer and decoder set, and the post-processor the table gives (BOS/EOS
+/// are added on top here).
+pub(crate) struct Built {
+    pub inner: tokenizers::Tokenizer,
+    pub post: Option<PostProcessorWrapper>,
+    /// `add_bos` when the file does not say.
+    pub add_bos_default: bool,
+    /// Adds USER_DEFINED tokens only when the model's vocabulary has them as written (a
+    /// whitespace token respelled with `▁` is then not added: transformers' rule).
+    pub user_defined_in_vocab_only: bool,
+}
+
 impl Tokenizer {
     /// Builds the tokenizer a GGUF file's metadata describes.
     ///
-    /// - `model` must be a byte-level BPE kind and `pre` a known pre-tokenizer (see
-    ///   `gguf-pre-tokenizers.json`); others are refused by name, with the supported list.
+    /// - `model` picks the kind (`gguf-pre-tokenizers.json`, `models`): byte-level BPE, whose
+    ///   `pre` must be a known pre-tokenizer, or SentencePiece-style BPE, whose variant is picked
+    ///   by `architecture`. Unknown values are refused by name, with the supported list.
     /// - Every token keeps its GGUF id. CONTROL (3) tokens become special added tokens and
-    ///   USER_DEFINED (4) tokens added tokens, so both are matched whole in text before BPE;
-    ///   UNUSED (5) fillers (`[PAD…]` rows past the real vocabulary) are left out, so their
-    ///   ids decode to nothing, as with the model's `tokenizer.json`.
-    /// - EOS ids: `eos_id`, then `eot_id`; BOS: `bos_id`, added by `encode(…, true)` only when
-    ///   `add_bos` is true. The chat template is `chat_template`, with the text of the BOS and
-    ///   EOS tokens as `bos_token` / `eos_token`.
+    ///   USER_DEFINED (4) tokens added tokens, so both are matched whole in text before the
+    ///   model runs; the BOS, EOS, UNK and PAD tokens are special added tokens too (transformers
+    ///   registers its named special tokens so).
+    /// - EOS ids: `eos_id`, then `eot_id`; BOS: `bos_id`, added by `encode(…, true)` when
+    ///   `add_bos` is true (default: false for byte-level BPE, true for SentencePiece, as
+    ///   transformers and the GGML runtime have it); EOS likewise with `add_eos` (default false). The
+    ///   chat template is `chat_template`, with the BOS and EOS tokens' text as `bos_token` /
+    ///   `eos_token`.
     pub fn from_gguf_metadata(meta: GgufTokenizerMeta) -> Result<Tokenizer> {
         let known = known()?;
-        if !known.models.contains(&meta.model) {
+        let kind = known.models.get(&meta.model).and_then(Value::as_str);
+        let Some(kind) = kind else {
+            let names: Vec<String> = known.models.keys().cloned().collect();
             return Err(meta_error(format!(
-                "`tokenizer.ggml.model` is `{}`; kern builds tokenizers of kind {} (byte-level BPE) only",
+                "`tokenizer.ggml.model` is `{}`; kern builds tokenizers of kind {} only",
                 meta.model,
-                list(&known.models)
-            )));
-        }
-        let pre = meta.pre.as_deref().unwrap_or("default");
-        let Some(entry) = known.pre.get(pre) else {
-            let names: Vec<String> = known.pre.keys().cloned().collect();
-            return Err(meta_error(format!(
-                "`tokenizer.ggml.pre` is `{pre}`, a pre-tokenizer kern does not know; supported: {} (add an entry to kern-tokenizer's gguf-pre-tokenizers.json with the regex of the model's tokenizer.json)",
                 list(&names)
             )));
         };
-        let n = meta.tokens.len();
-        if n == 0 {
-            return Err(meta_error(
-                "`tokenizer.ggml.tokens` is missing or empty".into(),
-            ));
-        }
-        if u32::try_from(n).is_err() {
-            return Err(meta_error(format!(
-                "`tokenizer.ggml.tokens` has {n} tokens, more than u32 ids"
-            )));
-        }
-        if !meta.token_types.is_empty() && meta.token_types.len() != n {
-            return Err(meta_error(format!(
-                "`tokenizer.ggml.token_type` has {} entries for {n} tokens in `tokenizer.ggml.tokens`",
-                meta.token_types.len()
-            )));
-        }
-        let ty = |id: usize| {
-            meta.token_types
-                .get(id)
-                .copied()
-                .unwrap_or(token_type::NORMAL)
+        check_tokens(&meta)?;
+        let built = match kind {
+            BYTE_LEVEL_BPE => crate::gguf_bpe::build(&meta, &known)?,
+            SENTENCEPIECE_BPE => crate::gguf_spm::build(&meta, &known)?,
+            other => {
+                return Err(meta_error(format!(
+                    "gguf-pre-tokenizers.json: `models`.`{}` is `{other}`, not `{BYTE_LEVEL_BPE}` or `{SENTENCEPIECE_BPE}`",
+                    meta.model
+                )))
+            }
         };
-        for (key, id) in [
-            ("tokenizer.ggml.bos_token_id", meta.bos_id),
-            ("tokenizer.ggml.eos_token_id", meta.eos_id),
-            ("tokenizer.ggml.padding_token_id", meta.pad_id),
-            ("tokenizer.ggml.eot_token_id", meta.eot_id),
-        ] {
-            if let Some(id) = id {
-                if id as usize >= n {
-                    return Err(meta_error(format!(
-                        "`{key}` is {id}, past the {n} tokens of `tokenizer.ggml.tokens`"
-                    )));
-                }
-                if ty(id as usize) == token_type::UNUSED {
-                    return Err(meta_error(format!(
-                        "`{key}` is {id}, an UNUSED (type 5) token `{}`",
-                        meta.tokens[id as usize]
-                    )));
-                }
-            }
-        }
-
-        let mut vocab: HashMap<&str, u32> = HashMap::with_capacity(n);
-        for (id, token) in meta.tokens.iter().enumerate() {
-            let t = ty(id);
-            if !(1..=6).contains(&t) {
-                return Err(meta_error(format!(
-                    "`tokenizer.ggml.token_type`[{id}] is {t}, not a GGUF token type (1 normal … 6 byte)"
-                )));
-            }
-            if t == token_type::UNUSED {
-                continue;
-            }
-            if let Some(first) = vocab.insert(token.as_str(), id as u32) {
-                return Err(meta_error(format!(
-                    "`tokenizer.ggml.tokens` holds `{token}` twice (ids {first} and {id})"
-                )));
-            }
-        }
-        let mut merges: Merges = Vec::with_capacity(meta.merges.len());
-        for (i, m) in meta.merges.iter().enumerate() {
-            // Split at the first space after the first character (a token may start with one).
-            let split = m
-                .char_indices()
-                .skip(1)
-                .find(|&(_, c)| c == ' ')
-                .map(|(p, _)| p);
-            let Some(p) = split else {
-                return Err(meta_error(format!(
-                    "`tokenizer.ggml.merges`[{i}] is `{m}`, not two tokens separated by a space"
-                )));
-            };
-            let (a, b) = (&m[..p], &m[p + 1..]);
-            let joined = format!("{a}{b}");
-            for part in [a, b, joined.as_str()] {
-                if !vocab.contains_key(part) {
-                    return Err(meta_error(format!(
-                        "`tokenizer.ggml.merges`[{i}] `{m}` needs `{part}`, which is not in `tokenizer.ggml.tokens`"
-                    )));
-                }
-            }
-            merges.push((a.to_string(), b.to_string()));
-        }
-        let vocab: Vocab = vocab
-            .into_iter()
-            .map(|(t, id)| (t.to_string(), id))
-            .collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| meta_error(format!("cannot build the BPE model: {e}")))?;
-
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_normalizer(component::<NormalizerWrapper>(entry, pre, "normalizer")?);
-        inner.with_pre_tokenizer(component::<PreTokenizerWrapper>(
-            entry,
-            pre,
-            "pre_tokenizer",
-        )?);
-        inner.with_decoder(component::<DecoderWrapper>(entry, pre, "decoder")?);
-        let mut post = component::<PostProcessorWrapper>(entry, pre, "post_processor")?;
-        let add_bos = meta.add_bos.unwrap_or(false);
-        if add_bos {
-            let bos = meta.bos_id.ok_or_else(|| {
-                meta_error(
-                    "`tokenizer.ggml.add_bos_token` is true but `tokenizer.ggml.bos_token_id` is missing"
-                        .into(),
-                )
-            })?;
-            let text = &meta.tokens[bos as usize];
-            let template = tokenizers::processors::template::TemplateProcessing::builder()
-                .try_single(format!("{text} $A"))
-                .and_then(|b| b.try_pair(format!("{text} $A {text}:1 $B:1")))
-                .map_err(|e| meta_error(format!("cannot make the BOS template: {e}")))?
-                .special_tokens(vec![(text.clone(), bos)])
-                .build()
-                .map_err(|e| meta_error(format!("cannot make the BOS template: {e}")))?;
-            let mut steps: Vec<PostProcessorWrapper> = post.into_iter().collect();
-            steps.push(template.into());
-            post = Some(PostProcessorWrapper::Sequence(
-                tokenizers::processors::sequence::Sequence::new(steps),
-            ));
-        }
-        inner.with_post_processor(post);
-
-        // Control and user-defined tokens are matched whole; their ids are the vocabulary's.
-        let mut special = HashSet::new();
-        let mut control = Vec::new();
-        let mut user = Vec::new();
-        for (id, token) in meta.tokens.iter().enumerate() {
-            match ty(id) {
-                token_type::CONTROL => {
-                    special.insert(id as u32);
-                    control.push(AddedToken::from(token.clone(), true).normalized(false));
-                }
-                token_type::USER_DEFINED => {
-                    user.push(AddedToken::from(token.clone(), false).normalized(false))
-                }
-                _ => {}
-            }
-        }
-        // Without token types, the declared special ids are at least matched whole.
-        if meta.token_types.is_empty() {
-            for id in [meta.bos_id, meta.eos_id, meta.eot_id, meta.pad_id]
-                .into_iter()
-                .flatten()
-            {
-                if special.insert(id) {
-                    control.push(
-                        AddedToken::from(meta.tokens[id as usize].clone(), true).normalized(false),
-                    );
-                }
-            }
-        }
-        inner.add_special_tokens(&control);
-        inner.add_tokens(&user);
-        for t in control.iter().chain(&user) {
-            let want = vocab_id(&meta.tokens, &t.content);
-            if inner.token_to_id(&t.content) != want {
-                return Err(meta_error(format!(
-                    "added token `{}` did not keep its id {want:?}",
-                    t.content
-                )));
-            }
-        }
-
-        let mut eos = Vec::new();
-        for id in [meta.eos_id, meta.eot_id].into_iter().flatten() {
-            if !eos.contains(&id) {
-                eos.push(id);
-            }
-        }
-        let name = |id: Option<u32>| id.map(|i| meta.tokens[i as usize].clone());
-        Ok(Tokenizer {
-            inner,
-            path: None,
-            eos,
-            bos: meta.bos_id,
-            chat_template: meta.chat_template.clone(),
-            bos_token: name(meta.bos_id),
-            eos_token: name(meta.eos_id),
-            pad_token: name(meta.pad_id),
-            add_bos,
-            special,
-        })
+        finish(meta, built)
     }
 }
 
-fn vocab_id(tokens: &[String], token: &str) -> Option<u32> {
-    tokens.iter().position(|t| t == token).map(|i| i as u32)
+/// The checks both kinds share: a token table, one type per token, special ids inside it.
+fn check_tokens(meta: &GgufTokenizerMeta) -> Result<()> {
+    let n = meta.tokens.len();
+    if n == 0 {
+        return Err(meta_error(
+            "`tokenizer.ggml.tokens` is missing or empty".into(),
+        ));
+    }
+    if u32::try_from(n).is_err() {
+        return Err(meta_error(format!(
+            "`tokenizer.ggml.tokens` has {n} tokens, more than u32 ids"
+        )));
+    }
+    if !meta.token_types.is_empty() && meta.token_types.len() != n {
+        return Err(meta_error(format!(
+            "`tokenizer.ggml.token_type` has {} entries for {n} tokens in `tokenizer.ggml.tokens`",
+            meta.token_types.len()
+        )));
+    }
+    if let Some((id, t)) = meta
+        .token_types
+        .iter()
+        .enumerate()
+        .find(|(_, t)| !(1..=6).contains(*t))
+    {
+        return Err(meta_error(format!(
+            "`tokenizer.ggml.token_type`[{id}] is {t}, not a GGUF token type (1 normal … 6 byte)"
+        )));
+    }
+    for (key, id) in [
+        ("tokenizer.ggml.bos_token_id", meta.bos_id),
+        ("tokenizer.ggml.eos_token_id", meta.eos_id),
+        ("tokenizer.ggml.unknown_token_id", meta.unk_id),
+        ("tokenizer.ggml.padding_token_id", meta.pad_id),
+        ("tokenizer.ggml.eot_token_id", meta.eot_id),
+    ] {
+        if let Some(id) = id {
+            if id as usize >= n {
+                return Err(meta_error(format!(
+                    "`{key}` is {id}, past the {n} tokens of `tokenizer.ggml.tokens`"
+                )));
+            }
+            if meta.ty(id as usize) == token_type::UNUSED {
+                return Err(meta_error(format!(
+                    "`{key}` is {id}, an UNUSED (type 5) token `{}`",
+                    meta.tokens[id as usize]
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
-fn list(names: &[String]) -> String {
+/// Adds the added tokens and the BOS/EOS post-processor to a built model; makes the
+/// [`Tokenizer`].
+fn finish(meta: GgufTokenizerMeta, built: Built) -> Result<Tokenizer> {
+    let Built {
+        mut inner,
+        post,
+        add_bos_default,
+        user_defined_in_vocab_only,
+    } = built;
+    let add_bos = meta.add_bos.unwrap_or(add_bos_default);
+    let add_eos = meta.add_eos.unwrap_or(false);
+    inner.with_post_processor(bos_eos(&meta, post, add_bos, add_eos)?);
+
+    // Control and user-defined tokens are matched whole; their ids are the vocabulary's.
+    let mut special = HashSet::new();
+    let mut control = Vec::new();
+    let mut user = Vec::new();
+    let mut want: HashMap<&str, u32> = HashMap::new();
+    for (id, token) in meta.tokens.iter().enumerate() {
+        match meta.ty(id) {
+            token_type::CONTROL => {
+                special.insert(id as u32);
+                control.push(AddedToken::from(token.clone(), true).normalized(false));
+                want.insert(token, id as u32);
+            }
+            token_type::USER_DEFINED => {
+                if user_defined_in_vocab_only && inner.token_to_id(token).is_none() {
+                    continue;
+                }
+                user.push(AddedToken::from(token.clone(), false).normalized(false));
+                want.insert(token, id as u32);
+            }
+            _ => {}
+        }
+    }
+    // The named special tokens are special even when their type is not CONTROL (an UNKNOWN
+    // `<unk>`), unless they are already added; without types, the end-of-turn token too.
+    let eot = meta.eot_id.filter(|_| meta.token_types.is_empty());
+    for id in [meta.bos_id, meta.eos_id, meta.unk_id, meta.pad_id, eot]
+        .into_iter()
+        .flatten()
+    {
+        let token = &meta.tokens[id as usize];
+        if !want.contains_key(token.as_str()) && special.insert(id) {
+            control.push(AddedToken::from(token.clone(), true).normalized(false));
+            want.insert(token, id);
+        }
+    }
+    inner.add_special_tokens(&control);
+    inner.add_tokens(&user);
+    for (token, id) in &want {
+        if inner.token_to_id(token) != Some(*id) {
+            return Err(meta_error(format!(
+                "added token `{token}` did not keep its id {id} (is it spelled differently in the vocabulary?)"
+            )));
+        }
+    }
+
+    let mut eos = Vec::new();
+    for id in [meta.eos_id, meta.eot_id].into_iter().flatten() {
+        if !eos.contains(&id) {
+            eos.push(id);
+        }
+    }
+    let name = |id: Option<u32>| id.map(|i| meta.tokens[i as usize].clone());
+    Ok(Tokenizer {
+        inner,
+        path: None,
+        eos,
+        bos: meta.bos_id,
+        bos_token: name(meta.bos_id),
+        eos_token: name(meta.eos_id),
+        pad_token: name(meta.pad_id),
+        unk_token: name(meta.unk_id),
+        add_bos,
+        add_eos,
+        special,
+        chat_template: meta.chat_template,
+    })
+}
+
+/// The table's post-processor followed by a template that adds BOS and/or EOS, as
+/// transformers' `update_post_processor` writes it (`<bos>:0 $A:0 <eos>:0`).
+fn bos_eos(
+    meta: &GgufTokenizerMeta,
+    post: Option<PostProcessorWrapper>,
+    add_bos: bool,
+    add_eos: bool,
+) -> Result<Option<PostProcessorWrapper>> {
+    if !add_bos && !add_eos {
+        return Ok(post);
+    }
+    let token = |add: bool, key: &str, id: Option<u32>| -> Result<Option<(String, u32)>> {
+        if !add {
+            return Ok(None);
+        }
+        let id = id.ok_or_else(|| {
+            meta_error(format!(
+                "`tokenizer.ggml.add_{key}_token` is true but `tokenizer.ggml.{key}_token_id` is missing"
+            ))
+        })?;
+        Ok(Some((meta.tokens[id as usize].clone(), id)))
+    };
+    let bos = token(add_bos, "bos", meta.bos_id)?;
+    let eos = token(add_eos, "eos", meta.eos_id)?;
+    let seq = |s: &str, type_id: u32| {
+        let mut parts = Vec::new();
+        if let Some((t, _)) = &bos {
+            parts.push(format!("{t}:{type_id}"));
+        }
+        parts.push(format!("{s}:{type_id}"));
+        if let Some((t, _)) = &eos {
+            parts.push(format!("{t}:{type_id}"));
+        }
+        parts.join(" ")
+    };
+    let specials: Vec<(String, u32)> = bos.iter().chain(eos.iter()).cloned().collect();
+    let template = tokenizers::processors::template::TemplateProcessing::builder()
+        .try_single(seq("$A", 0))
+        .and_then(|b| b.try_pair(format!("{} {}", seq("$A", 0), seq("$B", 1))))
+        .map_err(|e| meta_error(format!("cannot make the BOS/EOS template: {e}")))?
+        .special_tokens(specials)
+        .build()
+        .map_err(|e| meta_error(format!("cannot make the BOS/EOS template: {e}")))?;
+    let mut steps: Vec<PostProcessorWrapper> = post.into_iter().collect();
+    steps.push(template.into());
+    Ok(Some(if steps.len() == 1 {
+        steps.pop().expect("one step")
+    } else {
+        PostProcessorWrapper::Sequence(tokenizers::processors::sequence::Sequence::new(steps))
+    }))
+}
+
+/// `a`, `b` as an error message lists names.
+pub(crate) fn list(names: &[String]) -> String {
     if names.is_empty() {
         return "(none)".into();
     }

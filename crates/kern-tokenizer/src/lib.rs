@@ -14,6 +14,8 @@ mod chat;
 mod config;
 mod detok;
 mod gguf;
+mod gguf_bpe;
+mod gguf_spm;
 mod template;
 
 pub use chat::chatml;
@@ -65,7 +67,9 @@ pub struct Tokenizer {
     bos_token: Option<String>,
     eos_token: Option<String>,
     pad_token: Option<String>,
+    unk_token: Option<String>,
     add_bos: bool,
+    add_eos: bool,
     special: HashSet<u32>,
 }
 
@@ -111,7 +115,9 @@ impl Tokenizer {
             bos_token: found.bos_token,
             eos_token: found.eos_token,
             pad_token: found.pad_token,
+            unk_token: found.unk_token,
             add_bos: found.add_bos,
+            add_eos: found.add_eos,
             special,
         })
     }
@@ -162,6 +168,17 @@ impl Tokenizer {
     /// metadata then adds it in `encode(…, true)`.
     pub fn add_bos(&self) -> bool {
         self.add_bos
+    }
+
+    /// Whether `encode(…, true)` appends the EOS token (`add_eos_token` of
+    /// `tokenizer_config.json` or `tokenizer.ggml.add_eos_token`; rare).
+    pub fn add_eos(&self) -> bool {
+        self.add_eos
+    }
+
+    /// The unknown token's text (`unk_token`), when the configuration names one.
+    pub fn unk_token(&self) -> Option<&str> {
+        self.unk_token.as_deref()
     }
 
     /// The special tokens' text: (`bos_token`, `eos_token`, `pad_token`).
@@ -217,7 +234,7 @@ impl Tokenizer {
     }
 
     /// Writes `tokenizer.json` and `tokenizer_config.json` (special tokens, `add_bos_token`,
-    /// `chat_template`, `added_tokens_decoder`) into `dir`, creating it, so that
+    /// `add_eos_token`, `chat_template`, `added_tokens_decoder`) into `dir`, creating it, so that
     /// [`Tokenizer::from_dir`] (and transformers) load the same tokenizer back. When the EOS
     /// ids are more than `eos_token` alone (a GGUF end-of-turn id), `generation_config.json`
     /// gets them too (`eos_token_id`, `bos_token_id`), unless the directory has one already.
@@ -253,9 +270,11 @@ impl Tokenizer {
         let cfg = serde_json::json!({
             "tokenizer_class": "PreTrainedTokenizerFast",
             "add_bos_token": self.add_bos,
+            "add_eos_token": self.add_eos,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
             "pad_token": self.pad_token,
+            "unk_token": self.unk_token,
             "clean_up_tokenization_spaces": false,
             "chat_template": self.chat_template,
             "added_tokens_decoder": added,

@@ -473,6 +473,7 @@ fn tiny() -> GgufTokenizerMeta {
             "{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}"
                 .into(),
         ),
+        ..Default::default()
     }
 }
 
@@ -540,8 +541,8 @@ fn bad_metadata_is_refused_by_name() {
     check(&|m| m.pre = Some("nonesuch".into()), "`tokenizer.ggml.pre` is `nonesuch`, a pre-tokenizer kern does not know; supported: `qwen2`");
     check(&|m| m.pre = None, "`tokenizer.ggml.pre` is `default`");
     check(
-        &|m| m.model = "llama".into(),
-        "`tokenizer.ggml.model` is `llama`",
+        &|m| m.model = "bert".into(),
+        "`tokenizer.ggml.model` is `bert`; kern builds tokenizers of kind `gpt2`, `llama` only",
     );
     check(
         &|m| m.tokens.clear(),
