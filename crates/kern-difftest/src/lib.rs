@@ -70,11 +70,17 @@ pub mod gpu;
 pub mod matching;
 pub mod numeric;
 pub mod pairing;
+pub mod noise;
+pub mod precision;
+mod render;
 pub mod report;
 pub mod stats;
+pub mod svg;
+pub mod traffic;
 
 pub use gpu::{run, Options};
 pub use pairing::{analyze, Analysis, Incomparable};
+pub use render::{error_line, stats_line};
 pub use report::{Report, Verdict};
 
 /// The manifest-only part of `kern test` (no GPU): loads both manifests for `arch`, pairs the

@@ -2,6 +2,7 @@
 //! metrics (KL divergence, top-k overlap), the input distributions of the kernel diff, and the
 //! classification of timings. All host-side and pure.
 
+use crate::stats::{error_stats, BiasGate, ErrorStats};
 use kern_manifest::DType;
 use serde::Serialize;
 
@@ -42,6 +43,11 @@ pub fn is_float(d: DType) -> bool {
 /// The result of comparing A's tensor with B's.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Stats {
+    /// The error statistics beside the tolerance ([`crate::stats`]; floats only).
+    pub errors: Option<ErrorStats>,
+    /// Why the error is biased (the statistic, its value and threshold), when the bias gate is
+    /// on and fails: a divergence even when every element is within tolerance.
+    pub bias: Option<String>,
     pub elements: usize,
     /// Elements outside the tolerance (NaN vs number and differing infinities count).
     pub mismatches: usize,
@@ -61,10 +67,16 @@ pub struct Stats {
     pub nonfinite_differ: usize,
     /// Index of the worst element (largest |a − b| relative to its tolerance) and its values.
     pub worst: Option<(usize, f64, f64)>,
+    /// Every element's tolerance holds (within the mismatch budget).
     pub pass: bool,
 }
 
 impl Stats {
+    /// Within tolerance and not biased.
+    pub fn ok(&self) -> bool {
+        self.pass && self.bias.is_none()
+    }
+
     pub fn mismatch_fraction(&self) -> f64 {
         if self.elements == 0 {
             0.0
@@ -118,8 +130,16 @@ pub fn ulp_distance(a: &[u8], b: &[u8], dtype: DType) -> u64 {
 }
 
 /// Compares A's tensor with B's (same dtype, raw bytes). Lengths must be equal; a length
-/// difference compares the common prefix and counts the rest as mismatches.
+/// difference compares the common prefix and counts the rest as mismatches. The error
+/// statistics take the tensor as one row; [`compare_rows`] knows the rows.
 pub fn compare(a: &[u8], b: &[u8], dtype: DType, tol: &Tolerance) -> Stats {
+    compare_rows(a, b, dtype, tol, 0, true)
+}
+
+/// [`compare`] with the tensor's row length (its last dimension: the blocks of the bias
+/// statistics) and whether the bias gate judges it (`gate`; the statistics are kept either
+/// way).
+pub fn compare_rows(a: &[u8], b: &[u8], dtype: DType, tol: &Tolerance, row_len: usize, gate: bool) -> Stats {
     let es = dtype.size() as usize;
     let n = a.len().min(b.len()) / es;
     let extra = (a.len().max(b.len()) / es) - n;
@@ -172,6 +192,13 @@ pub fn compare(a: &[u8], b: &[u8], dtype: DType, tol: &Tolerance) -> Stats {
     }
     let allowed = (tol.max_mismatch * s.elements as f64).floor() as usize;
     s.pass = s.mismatches <= allowed;
+    if float {
+        let e = error_stats(&fa, &fb, row_len);
+        if gate {
+            s.bias = BiasGate::for_dtype(dtype).and_then(|g| g.judge(&e));
+        }
+        s.errors = Some(e);
+    }
     s
 }
 
@@ -477,6 +504,9 @@ mod tests {
         assert!(s.pass, "{s:?}");
         assert_eq!(s.max_ulp, 1);
         assert_eq!(s.exact, 900);
+        // Within tolerance, but every flip moves away from zero: a scale bias, so not ok.
+        assert!(s.bias.as_deref().is_some_and(|b| b.starts_with("scale bias")) && !s.ok(), "{s:?}");
+        assert!(compare_rows(&ab, &bb, DType::Bf16, &tol, 0, false).bias.is_none(), "gate off");
         // A norm with the wrong epsilon: every element 5 % off.
         for x in b.iter_mut() {
             *x *= 1.05;

@@ -4,7 +4,6 @@
 
 use crate::numeric::{LogitStats, PerfClass, Stats, Timing};
 use serde::Serialize;
-use std::fmt::Write as _;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -74,9 +73,41 @@ pub struct OpDiff {
     pub skipped: Option<String>,
 }
 
+/// The error at one sync point, pooled over the interval's compared float outputs: local
+/// (B's interval from A's values) or carried (B running from its own values).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SyncError {
+    pub interval: usize,
+    /// The layer of the interval's first call (the first number in its label), if any.
+    pub layer: Option<u32>,
+    /// `sqrt(Σ e² / Σ a²)` and `10·log10(Σ a² / Σ e²)` over the outputs (SNR null when exact).
+    pub rel_rms: f64,
+    pub snr_db: f64,
+    /// Every compared output bit-identical.
+    pub exact: bool,
+    pub sum_a2: f64,
+    pub sum_e2: f64,
+}
+
+/// Where B running from its own values first leaves A, with the call labels.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Departure {
+    pub step: String,
+    pub interval: usize,
+    pub a_calls: String,
+    pub b_calls: String,
+    pub buffer: String,
+    pub rel_rms: f64,
+    pub max_ulp: u64,
+    /// Share of the buffer's elements that differ.
+    pub differ: f64,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct StepPrecision {
     pub step: String,
+    /// A decode step (one token per sequence), else a prefill (or a run without a step ABI).
+    pub decode: bool,
     pub tokens: usize,
     pub seqs: usize,
     /// Intervals whose outputs were compared from golden inputs (A's values copied into B).
@@ -86,6 +117,11 @@ pub struct StepPrecision {
     /// Free-running (each side its own values): the first sync point beyond tolerance —
     /// error amplified from upstream, informational.
     pub first_drift: Option<Divergence>,
+    /// Free-running: the first sync point that is not bit-identical (where B leaves A).
+    pub first_departure: Option<Departure>,
+    /// Per interval: the local error (golden inputs) and the carried error (free-running).
+    pub local_errors: Vec<SyncError>,
+    pub carried_errors: Vec<SyncError>,
     pub logits: Option<LogitStats>,
     /// Sequences whose sampled (greedy) token agrees, of all.
     pub sampled_agree: usize,
@@ -102,8 +138,35 @@ pub struct Precision {
     pub greedy_positions: usize,
     /// The first position where they disagree, described.
     pub greedy_first_disagreement: Option<String>,
-    /// Gates that failed on the logits (mean KL, top-5 rule).
+    /// Gates that failed on the logits (mean KL, top-5 rule, beyond the noise floor).
     pub logit_failures: Vec<String>,
+    /// The noise floor of an honest change the logits and greedy tokens are judged against.
+    pub floor: Option<NoiseFloor>,
+    /// How B's logits and greedy tokens compare with the floor, one line per judgement.
+    pub floor_judgement: Vec<String>,
+    /// Every interval's labels and layer (the index is the interval's).
+    pub intervals: Vec<IntervalLabel>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct IntervalLabel {
+    pub a_calls: String,
+    pub b_calls: String,
+    pub layer: Option<u32>,
+}
+
+/// A′ against A: A run again with each compared interval's outputs perturbed by B's own local
+/// error with random signs (same size, no direction, no relation to A's values), teacher-forced
+/// like B. What an honest change with B's error magnitude does to the logits.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct NoiseFloor {
+    pub logits: Option<LogitStats>,
+    pub greedy_agree: usize,
+    pub greedy_positions: usize,
+    /// Interval outputs perturbed per step (summed over steps), and outputs skipped because
+    /// the step's shape had no measured error of that size.
+    pub injected: usize,
+    pub skipped: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -112,9 +175,30 @@ pub struct PerfRow {
     pub a: Timing,
     pub b: Timing,
     pub class: PerfClass,
+    /// Bytes the calls' buffers move on each side (read + written, at the step's var values;
+    /// state pools such as the KV cache not counted), when known.
+    pub bytes_a: Option<u64>,
+    pub bytes_b: Option<u64>,
 }
 
 impl PerfRow {
+    /// A row without byte counts.
+    pub fn timed(name: impl Into<String>, a: Timing, b: Timing, class: PerfClass) -> PerfRow {
+        PerfRow { name: name.into(), a, b, class, bytes_a: None, bytes_b: None }
+    }
+
+    /// Achieved bandwidth of A and B (GB/s at the median time).
+    pub fn gbs(&self) -> (Option<f64>, Option<f64>) {
+        let g = |bytes: Option<u64>, t: &Timing| bytes.filter(|_| t.median > 0.0).map(|b| b as f64 / (t.median / 1e3) / 1e9);
+        (g(self.bytes_a, &self.a), g(self.bytes_b, &self.b))
+    }
+
+    /// Each side's floor in ms: its bytes at `copy_gbs` (the device copy bandwidth).
+    pub fn floors_ms(&self, copy_gbs: f64) -> (Option<f64>, Option<f64>) {
+        let f = |bytes: Option<u64>| bytes.filter(|_| copy_gbs > 0.0).map(|b| b as f64 / (copy_gbs * 1e9) * 1e3);
+        (f(self.bytes_a), f(self.bytes_b))
+    }
+
     pub fn ratio(&self) -> f64 {
         if self.a.median > 0.0 {
             self.b.median / self.a.median
@@ -134,6 +218,8 @@ pub struct StepPerf {
     /// Intervals classified slower or faster, largest difference first (at most 10).
     pub flagged: Vec<PerfRow>,
     pub intervals_timed: usize,
+    /// A decode-shaped step (one token per sequence): bandwidth-bound, so the bytes matter.
+    pub decode: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -142,6 +228,9 @@ pub struct Perf {
     pub reps: usize,
     pub l2_flush_bytes: usize,
     pub steps: Vec<StepPerf>,
+    /// Device-to-device copy bandwidth measured in the same run (read + write), GB/s: the
+    /// denominator of the floors.
+    pub copy_gbs: Option<f64>,
 }
 
 impl Perf {
@@ -194,6 +283,9 @@ pub struct Report {
     pub notes: Vec<String>,
     /// Only the manifests were matched (`--match-only`): nothing ran.
     pub match_only: bool,
+    /// Precision mode (`--precision`): an intentional change, judged by its budget only.
+    pub precision_mode: bool,
+    pub budget: Option<crate::precision::Budget>,
 }
 
 impl Report {
@@ -215,6 +307,8 @@ impl Report {
             perf: None,
             notes: vec![],
             match_only: false,
+            precision_mode: false,
+            budget: None,
         }
     }
 
@@ -226,6 +320,13 @@ impl Report {
     /// divergence: the earliest local interval failure of the earliest step.
     pub fn finish(&mut self) {
         if self.verdict == Verdict::Incomparable {
+            return;
+        }
+        if self.precision_mode {
+            // An intentional change: only the budget's gates (and a failed run) decide; there
+            // is no first divergence, every interval is expected to differ.
+            let over = self.budget.as_ref().is_none_or(|b| !b.failures.is_empty());
+            self.verdict = if over || self.reason.is_some() { Verdict::Differs } else { Verdict::Equal };
             return;
         }
         if self.first_divergence.is_none() {
@@ -245,154 +346,6 @@ impl Report {
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
     }
-
-    /// The readable report.
-    pub fn render(&self) -> String {
-        let mut o = String::new();
-        let _ = writeln!(o, "kern test {} {}", self.a, self.b);
-        if let Some(d) = &self.device {
-            let _ = writeln!(o, "  on {d}, seed {}", self.seed);
-        }
-        let verdict = match self.verdict {
-            Verdict::Equal if self.match_only => "COMPARABLE (--match-only: matched, nothing ran)".to_string(),
-            Verdict::Equal => "EQUAL within tolerance".to_string(),
-            Verdict::Differs => "DIFFERS".to_string(),
-            Verdict::Incomparable => "NOT COMPARABLE".to_string(),
-        };
-        let _ = writeln!(o, "\nverdict: {verdict} (exit {})", self.exit_code());
-        if let Some(r) = &self.reason {
-            let _ = writeln!(o, "  {r}");
-        }
-        if let Some(d) = &self.first_divergence {
-            let _ = writeln!(o, "\nfirst divergence — {} step, interval #{}:", d.step, d.interval);
-            let _ = writeln!(o, "  A: {}  (op {})", d.a_calls, d.a_ops);
-            let _ = writeln!(o, "  B: {}  (op {})", d.b_calls, d.b_ops);
-            let _ = writeln!(o, "  output `{}` ({}) from identical inputs: {}", d.buffer, d.dtype, stats_line(&d.stats));
-            if let Some((i, x, y)) = d.stats.worst {
-                let _ = writeln!(o, "  worst element #{i}: A {x:.6e}, B {y:.6e}");
-            }
-        }
-        if let Some(m) = &self.matching {
-            let _ = writeln!(o, "\nsync points: {} interval pairs over {} calls (A) and {} calls (B), {} common buffers", m.intervals, m.calls_a, m.calls_b, m.common_buffers);
-            let _ = writeln!(o, "  1:1 {}, fused or split {}", m.one_to_one, m.fused_or_split.len());
-            for p in m.fused_or_split.iter().take(20) {
-                let _ = writeln!(o, "  #{:<4} {:>5}  A: {}  ↔  B: {}", p.index, p.kind, p.a_calls, p.b_calls);
-            }
-            if m.fused_or_split.len() > 20 {
-                let _ = writeln!(o, "  … {} more", m.fused_or_split.len() - 20);
-            }
-            for u in &m.unpaired_buffers {
-                let _ = writeln!(o, "  buffer `{u}`: written a different number of times on each side; only its last value is a sync point");
-            }
-            for d in &m.buffer_differs {
-                let _ = writeln!(o, "  {d}: not the same buffer, never compared");
-            }
-        }
-        if !self.ops.is_empty() || !self.ops_only_a.is_empty() || !self.ops_only_b.is_empty() {
-            let _ = writeln!(o, "\nkernel diff (each op on identical inputs, both sides):");
-            let _ = writeln!(o, "  {:<24} {:<6} {:>7} {:>6}  worst (max abs / max rel / max ulp / exact)", "op", "impl", "checks", "fail");
-            for d in &self.ops {
-                let imp = if d.same_impl { "same" } else { "differ" };
-                if let Some(s) = &d.skipped {
-                    let _ = writeln!(o, "  {:<24} {:<6} {:>7} {:>6}  skipped: {s}", d.op, imp, "-", "-");
-                    continue;
-                }
-                let w = d.first_failure.as_ref().or(d.worst.as_ref());
-                let desc = w.map_or("all bit-exact".to_string(), |c| format!("{} | {} | {} | {}", short_stats(&c.stats), c.shape, c.dist, c.output));
-                let _ = writeln!(o, "  {:<24} {:<6} {:>7} {:>6}  {}", d.op, imp, d.checks, d.failures, desc);
-            }
-            if !self.ops_only_a.is_empty() {
-                let _ = writeln!(o, "  only in A: {} (covered by the interval comparison)", self.ops_only_a.join(", "));
-            }
-            if !self.ops_only_b.is_empty() {
-                let _ = writeln!(o, "  only in B: {} (covered by the interval comparison)", self.ops_only_b.join(", "));
-            }
-            if !self.ops_signature_differs.is_empty() {
-                let _ = writeln!(o, "  same name, different signature: {} (covered by the interval comparison)", self.ops_signature_differs.join(", "));
-            }
-        }
-        if let Some(p) = &self.precision {
-            let _ = writeln!(o, "\nprecision diff (same step inputs):");
-            for s in &p.steps {
-                let local = if s.local_checked > 0 { format!("local {} / {} intervals fail", s.local_failures, s.local_checked) } else { "no interval checks".into() };
-                let drift = s.first_drift.as_ref().map_or("no drift beyond tolerance".to_string(), |d| format!("drift beyond tolerance from #{} ({} ↔ {}, `{}`)", d.interval, d.a_calls, d.b_calls, d.buffer));
-                let _ = writeln!(o, "  {:<28} {local}; {drift}; sampled {}/{} agree", s.step, s.sampled_agree, s.sampled);
-            }
-            if let Some(l) = &p.logits {
-                let _ = writeln!(
-                    o,
-                    "  logits over {} positions: KL mean {:.3e} max {:.3e}, top-1 agree {:.1}%, top-5 overlap {:.1}%, max |Δ| {:.3e}, top-5 rule violations {}",
-                    l.positions,
-                    l.kl_mean,
-                    l.kl_max,
-                    100.0 * l.top1_agree,
-                    100.0 * l.top5_overlap,
-                    l.max_abs,
-                    l.top5_violations
-                );
-            }
-            let _ = writeln!(o, "  greedy tokens: {}/{} agree{}", p.greedy_agree, p.greedy_positions, p.greedy_first_disagreement.as_ref().map_or(String::new(), |d| format!("; first disagreement {d}")));
-            for f in &p.logit_failures {
-                let _ = writeln!(o, "  FAIL {f}");
-            }
-        }
-        if let Some(perf) = &self.perf {
-            let _ = writeln!(o, "\nperformance diff (median of {} runs, L2 flushed, threshold {:.0}%):", perf.reps, 100.0 * perf.threshold);
-            for s in &perf.steps {
-                let _ = writeln!(o, "  {} ({} intervals timed)", s.step, s.intervals_timed);
-                let _ = writeln!(o, "    {:<30} {:>11} {:>11} {:>7}", "", "A µs", "B µs", "B/A");
-                let row = |o: &mut String, r: &PerfRow| {
-                    let _ = writeln!(o, "    {:<30} {:>11.1} {:>11.1} {:>7.3}  {}", trunc(&r.name, 30), 1e3 * r.a.median, 1e3 * r.b.median, r.ratio(), r.class.name());
-                };
-                row(&mut o, &s.whole);
-                for r in &s.by_op {
-                    row(&mut o, r);
-                }
-                if !s.flagged.is_empty() {
-                    let _ = writeln!(o, "    flagged intervals:");
-                    for r in &s.flagged {
-                        row(&mut o, r);
-                    }
-                }
-            }
-            let n = perf.regressions();
-            if n > 0 {
-                let _ = writeln!(o, "  {n} regression(s) over the threshold (flagged; not part of the exit code)");
-            }
-        }
-        for n in &self.notes {
-            let _ = writeln!(o, "note: {n}");
-        }
-        o
-    }
-}
-
-fn trunc(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_string()
-    } else {
-        let t: String = s.chars().take(n - 1).collect();
-        format!("{t}…")
-    }
-}
-
-fn short_stats(s: &Stats) -> String {
-    format!("{:.2e} / {:.2e} / {} / {:.1}%", s.max_abs, s.max_rel, s.max_ulp, 100.0 * s.exact as f64 / s.elements.max(1) as f64)
-}
-
-/// One line describing a comparison.
-pub fn stats_line(s: &Stats) -> String {
-    format!(
-        "{} of {} elements outside tolerance ({:.3}%), max abs {:.3e}, max rel {:.3e}, max ulp {}, bit-exact {:.1}%, rms {:.3e}",
-        s.mismatches,
-        s.elements,
-        100.0 * s.mismatch_fraction(),
-        s.max_abs,
-        s.max_rel,
-        s.max_ulp,
-        100.0 * s.exact as f64 / s.elements.max(1) as f64,
-        s.rms
-    )
 }
 
 #[cfg(test)]
@@ -411,8 +364,8 @@ mod tests {
         r.ops = vec![OpDiff { op: "gemm".into(), same_impl: false, a_call: "l0.q".into(), b_call: "l0.q".into(), checks: 24, failures: 0, first_failure: None, worst: Some(Check { shape: "tokens=1".into(), dist: "normal(0,1)".into(), output: "#3 `y`".into(), stats: stats(true) }), skipped: None }];
         r.ops_only_b = vec!["add".into()];
         let t = |m: f64| Timing { median: m, q1: m * 0.99, q3: m * 1.01, samples: 20 };
-        let row = |n: &str, a: f64, b: f64| PerfRow { name: n.into(), a: t(a), b: t(b), class: classify(&t(a), &t(b), 0.05, 0.0) };
-        r.perf = Some(Perf { threshold: 0.05, reps: 20, l2_flush_bytes: 256 << 20, steps: vec![StepPerf { step: "decode 1".into(), whole: row("whole step (eager)", 1.0, 1.3), by_op: vec![row("gemm", 0.5, 0.8)], flagged: vec![row("#0 l0.q ↔ l0.q", 0.5, 0.8)], intervals_timed: 3 }] });
+        let row = |n: &str, a: f64, b: f64| PerfRow::timed(n, t(a), t(b), classify(&t(a), &t(b), 0.05, 0.0));
+        r.perf = Some(Perf { threshold: 0.05, reps: 20, l2_flush_bytes: 256 << 20, copy_gbs: None, steps: vec![StepPerf { step: "decode 1".into(), whole: row("whole step (eager)", 1.0, 1.3), by_op: vec![row("gemm", 0.5, 0.8)], flagged: vec![row("#0 l0.q ↔ l0.q", 0.5, 0.8)], intervals_timed: 3, decode: true }] });
         r.precision = Some(Precision { greedy_agree: 8, greedy_positions: 8, ..Default::default() });
         r
     }

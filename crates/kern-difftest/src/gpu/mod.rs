@@ -4,6 +4,7 @@
 //! the pure modules ([`crate::numeric`], [`crate::report`]).
 
 use crate::matching::labels;
+use crate::traffic;
 use crate::numeric::{self, classify, compare, Dist, LogitStats, PerfClass, Timing, Tolerance};
 use crate::pairing::{self, Analysis, Incomparable};
 use crate::report::{Check, Divergence, IntervalPair, MatchSummary, OpDiff, Perf, PerfRow, Precision, Report, StepPerf, StepPrecision};
