@@ -1,53 +1,117 @@
-//! The Hugging Face `config.json` of a Qwen3 / Qwen2 model: the fields the pack needs, checked.
+//! The model config the pack writes manifests from: one normalized description of a dense
+//! decoder, filled by each family's reader ([`crate::families`]) from a Hugging Face
+//! `config.json` or a GGUF file's metadata. What differs between families is data here — the
+//! norm's form, the activation, biases, q/k norm, RoPE per layer, sliding windows — never code
+//! in the manifest builder.
 
+use crate::families::{self, Family};
+use crate::rope::RopeScaling;
 use crate::{io, PackError, Result};
-use serde::{Deserialize, Serialize};
 use std::path::Path;
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// A dense decoder's config, normalized across families.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Config {
+    /// Which family's conventions (tensor names, GGUF keys, config.json it writes back).
+    pub family: Family,
+    /// The Hugging Face `model_type` (or the GGUF architecture's equivalent).
     pub model_type: String,
     pub hidden_size: u64,
     pub intermediate_size: u64,
     pub num_hidden_layers: u64,
     pub num_attention_heads: u64,
-    #[serde(default)]
     pub num_key_value_heads: Option<u64>,
-    /// Qwen3 gives it; Qwen2 derives it as hidden / heads.
-    #[serde(default)]
+    /// Explicit head size; `None`: hidden / heads.
     pub head_dim: Option<u64>,
     pub vocab_size: u64,
-    #[serde(default = "default_eps")]
     pub rms_norm_eps: f64,
-    #[serde(default = "default_theta")]
+    /// The RoPE base of full-attention layers (and of every layer without `rope_local_theta`).
     pub rope_theta: f64,
-    #[serde(default)]
+    /// RoPE scaling of full-attention layers (llama3, linear, YaRN).
+    pub rope_scaling: RopeScaling,
+    /// Gemma 3: the RoPE base of sliding-window layers (no scaling there).
+    pub rope_local_theta: Option<f64>,
     pub tie_word_embeddings: bool,
-    #[serde(default)]
     pub max_position_embeddings: Option<u64>,
-    /// Qwen2 has QKV biases; Qwen3 has `attention_bias: false`.
-    #[serde(default)]
+    /// Biases on the q, k and v projections (Qwen2; Llama's `attention_bias` also on o).
     pub attention_bias: Option<bool>,
-    #[serde(default)]
-    pub hidden_act: Option<String>,
-    #[serde(default)]
-    pub rope_scaling: Option<serde_json::Value>,
-    #[serde(default)]
-    pub torch_dtype: Option<String>,
+    /// Llama's `attention_bias` puts a bias on the o projection too (Qwen2's does not).
+    pub o_bias: bool,
+    /// Biases on the gate, up and down projections (Llama's `mlp_bias`).
+    pub mlp_bias: bool,
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// How a norm applies its weight.
+    pub norm: NormKind,
+    /// Gemma 3: a norm after attention and after the MLP as well as before each (four per block).
+    pub sandwich_norms: bool,
+    /// The MLP's gated activation.
+    pub activation: Activation,
+    /// Gemma: the embedding is multiplied by bf16(sqrt(hidden)).
+    pub embed_scale: bool,
+    /// Attention's score scale is `query_pre_attn_scalar^-0.5` (Gemma) instead of head_dim^-0.5.
+    pub query_pre_attn_scalar: Option<f64>,
+    /// The window of sliding-window layers (keys p - window + 1 ..= p).
+    pub sliding_window: Option<u64>,
+    /// Per layer: full or sliding-window attention. Empty: every layer full.
+    pub layer_types: Vec<LayerType>,
+    /// How RoPE pairs head dims: the halves (Hugging Face, neox) or adjacent pairs (a GGUF
+    /// `llama` file, whose q/k rows llama.cpp's converter permuted).
+    pub rope_pairs: RopePairs,
+    /// The prefix of the checkpoint's decoder tensors (`model.`; a Gemma 3 multimodal checkpoint
+    /// keeps its text model under `model.language_model.`).
+    pub tensor_prefix: String,
 }
 
-fn default_eps() -> f64 {
-    1e-6
+/// How an RMSNorm applies its weight.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum NormKind {
+    /// `w · bf16(x̂)` (Qwen3RMSNorm, LlamaRMSNorm: the normalized value rounded to bf16 before
+    /// the weight multiplies it).
+    Scale,
+    /// `bf16(x̂ · (offset + w))` in fp32 (Gemma3RMSNorm: offset 1, weights centred on 0; a GGUF
+    /// file has the 1 added by its converter: offset 0).
+    Offset(f32),
 }
-fn default_theta() -> f64 {
-    1e6
+
+/// The MLP's gated activation: `act(gate) · up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (SwiGLU): Qwen, Llama.
+    Silu,
+    /// tanh-approximated GELU (GeGLU): Gemma.
+    GeluTanh,
+}
+
+/// A layer's attention kind (transformers' `layer_types`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerType {
+    Full,
+    Sliding,
+}
+
+/// How RoPE pairs the dims of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopePairs {
+    /// (i, i + D/2): Hugging Face's rotate_half (neox).
+    Halves,
+    /// (2i, 2i + 1): the permuted q/k rows of a GGUF `llama` file.
+    Adjacent,
 }
 
 impl Config {
+    /// Reads a Hugging Face `config.json` with the reader of its `model_type`'s family.
     pub fn from_file(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path).map_err(io(path))?;
-        let c: Config = serde_json::from_str(&text).map_err(|e| PackError::Config(format!("{}: not a model config.json: {e}", path.display())))?;
-        c.validate().map_err(|e| PackError::Config(format!("{}: {e}", path.display())))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| PackError::Config(format!("{}: not a model config.json: {e}", path.display())))?;
+        let c = Config::from_hf(&v).map_err(|e| PackError::Config(format!("{}: {e}", path.display())))?;
+        Ok(c)
+    }
+
+    /// A Hugging Face config (as JSON) through its family's reader, checked.
+    pub fn from_hf(v: &serde_json::Value) -> Result<Config, String> {
+        let c = families::from_hf(v)?;
+        c.validate()?;
         Ok(c)
     }
 
@@ -59,98 +123,107 @@ impl Config {
         self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
 
-    /// Qwen3 normalizes q and k per head before RoPE.
+    /// Per-head q/k RMSNorm before RoPE.
     pub fn qk_norm(&self) -> bool {
-        self.model_type == "qwen3"
+        self.qk_norm
     }
 
-    /// Qwen2 adds biases to the q, k and v projections.
+    /// Biases on the q, k and v projections.
     pub fn qkv_bias(&self) -> bool {
-        self.attention_bias.unwrap_or(self.model_type == "qwen2")
+        self.attention_bias.unwrap_or(false)
+    }
+
+    /// Layer `l`'s attention kind.
+    pub fn layer_type(&self, l: u64) -> LayerType {
+        self.layer_types.get(l as usize).copied().unwrap_or(LayerType::Full)
+    }
+
+    /// Layer `l`'s sliding window, if it has one.
+    pub fn window(&self, l: u64) -> Option<u64> {
+        match self.layer_type(l) {
+            LayerType::Sliding => self.sliding_window,
+            LayerType::Full => None,
+        }
+    }
+
+    /// Attention's score scale.
+    pub fn attn_scale(&self) -> f64 {
+        1.0 / self.query_pre_attn_scalar.unwrap_or(self.head_dim() as f64).sqrt()
+    }
+
+    /// The embedding's scale: bf16(sqrt(hidden)) for Gemma (transformers rounds the scale to the
+    /// weights' dtype before multiplying), 1 otherwise.
+    pub fn embedding_scale(&self) -> f32 {
+        if self.embed_scale {
+            half::bf16::from_f64((self.hidden_size as f64).sqrt()).to_f32()
+        } else {
+            1.0
+        }
     }
 
     /// What the pack's kernels support; an error says what is not.
     pub fn validate(&self) -> Result<(), String> {
-        if !crate::MODEL_TYPES.contains(&self.model_type.as_str()) {
-            return Err(format!("model_type `{}` is not a Qwen pack model (it serves {})", self.model_type, crate::MODEL_TYPES.join(", ")));
-        }
         let d = self.head_dim();
-        if d != 64 && d != 128 {
-            return Err(format!("head_dim {d}: the pack's attention kernels support 64 and 128"));
+        if d != 64 && d != 128 && d != 256 {
+            return Err(format!("head_dim {d}: the pack's attention kernels support 64, 128 and 256"));
         }
         let (h, kv) = (self.num_attention_heads, self.kv_heads());
         if kv == 0 || h % kv != 0 || h / kv > 32 {
             return Err(format!("{h} attention heads over {kv} kv heads: the group size must be a whole number up to 32"));
         }
+        if d == 256 && h / kv > 16 {
+            return Err(format!("{h} attention heads over {kv} kv heads with head_dim 256: the kernels take at most 16 query heads per kv head"));
+        }
         if !self.hidden_size.is_multiple_of(8) || !self.intermediate_size.is_multiple_of(8) {
             return Err("hidden_size and intermediate_size must be multiples of 8 (16-byte loads in the GEMMs)".into());
-        }
-        if let Some(a) = &self.hidden_act {
-            if a != "silu" {
-                return Err(format!("hidden_act `{a}`: the pack's MLP is SwiGLU (silu)"));
-            }
-        }
-        if let Some(s) = &self.rope_scaling {
-            if !s.is_null() {
-                return Err(format!("rope_scaling {s} is not supported by the pack's RoPE kernel (plain neox rotary)"));
-            }
         }
         if self.num_hidden_layers == 0 || self.vocab_size == 0 {
             return Err("num_hidden_layers and vocab_size must be positive".into());
         }
+        if !self.layer_types.is_empty() && self.layer_types.len() as u64 != self.num_hidden_layers {
+            return Err(format!("layer_types has {} entries for {} layers", self.layer_types.len(), self.num_hidden_layers));
+        }
+        if self.layer_types.contains(&LayerType::Sliding) && self.sliding_window.is_none_or(|w| w == 0) {
+            return Err("layer_types has sliding_attention layers but sliding_window is not a positive number".into());
+        }
+        if self.sliding_window.is_some_and(|w| w > i32::MAX as u64) {
+            return Err("sliding_window does not fit the kernels' 32-bit window".into());
+        }
+        crate::rope::check(&self.rope_scaling, d)?;
         Ok(())
     }
 
-    /// A `config.json` that transformers loads unchanged.
+    /// A `config.json` that transformers loads unchanged (the family's own layout).
     pub fn to_hf_json(&self) -> serde_json::Value {
-        let arch = if self.model_type == "qwen3" { "Qwen3ForCausalLM" } else { "Qwen2ForCausalLM" };
-        let mut v = serde_json::json!({
-            "architectures": [arch],
-            "model_type": self.model_type,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.kv_heads(),
-            "vocab_size": self.vocab_size,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "max_position_embeddings": self.max_position_embeddings.unwrap_or(40960),
-            "hidden_act": "silu",
-            "torch_dtype": "bfloat16",
-            "bos_token_id": 151643,
-            "eos_token_id": 151645,
-            "attention_dropout": 0.0,
-            "initializer_range": 0.02,
-            "use_cache": true,
-            "use_sliding_window": false,
-            "rope_scaling": null,
-        });
-        if self.model_type == "qwen3" {
-            v["head_dim"] = self.head_dim().into();
-            v["attention_bias"] = false.into();
-        }
-        v
+        families::to_hf_json(self)
     }
 }
 
-/// Real shapes (models-and-data.md), for random weights and benchmarks.
+/// Real shapes, for random weights and benchmarks (`kern random-weights --preset`).
 pub const PRESETS: &[(&str, &str)] = &[
     ("qwen3-0.6b", r#"{"model_type":"qwen3","hidden_size":1024,"intermediate_size":3072,"num_hidden_layers":28,"num_attention_heads":16,"num_key_value_heads":8,"head_dim":128,"vocab_size":151936,"tie_word_embeddings":true,"max_position_embeddings":40960}"#),
+    ("qwen3-1.7b", r#"{"model_type":"qwen3","hidden_size":2048,"intermediate_size":6144,"num_hidden_layers":28,"num_attention_heads":16,"num_key_value_heads":8,"head_dim":128,"vocab_size":151936,"tie_word_embeddings":true,"max_position_embeddings":40960}"#),
     ("qwen3-4b", r#"{"model_type":"qwen3","hidden_size":2560,"intermediate_size":9728,"num_hidden_layers":36,"num_attention_heads":32,"num_key_value_heads":8,"head_dim":128,"vocab_size":151936,"tie_word_embeddings":true,"max_position_embeddings":40960}"#),
     ("qwen3-8b", r#"{"model_type":"qwen3","hidden_size":4096,"intermediate_size":12288,"num_hidden_layers":36,"num_attention_heads":32,"num_key_value_heads":8,"head_dim":128,"vocab_size":151936,"tie_word_embeddings":false,"max_position_embeddings":40960}"#),
     ("qwen2.5-0.5b", r#"{"model_type":"qwen2","hidden_size":896,"intermediate_size":4864,"num_hidden_layers":24,"num_attention_heads":14,"num_key_value_heads":2,"vocab_size":151936,"tie_word_embeddings":true,"max_position_embeddings":32768}"#),
     ("qwen2.5-1.5b", r#"{"model_type":"qwen2","hidden_size":1536,"intermediate_size":8960,"num_hidden_layers":28,"num_attention_heads":12,"num_key_value_heads":2,"vocab_size":151936,"tie_word_embeddings":true,"max_position_embeddings":32768}"#),
+    ("llama-3.2-1b", r#"{"model_type":"llama","hidden_size":2048,"intermediate_size":8192,"num_hidden_layers":16,"num_attention_heads":32,"num_key_value_heads":8,"head_dim":64,"vocab_size":128256,"tie_word_embeddings":true,"max_position_embeddings":131072,"rms_norm_eps":1e-5,"rope_theta":500000.0,"rope_scaling":{"rope_type":"llama3","factor":32.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192}}"#),
+    ("llama-3.1-8b", r#"{"model_type":"llama","hidden_size":4096,"intermediate_size":14336,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"head_dim":128,"vocab_size":128256,"tie_word_embeddings":false,"max_position_embeddings":131072,"rms_norm_eps":1e-5,"rope_theta":500000.0,"rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192}}"#),
+    ("smollm2-135m", r#"{"model_type":"llama","hidden_size":576,"intermediate_size":1536,"num_hidden_layers":30,"num_attention_heads":9,"num_key_value_heads":3,"vocab_size":49152,"tie_word_embeddings":true,"max_position_embeddings":8192,"rms_norm_eps":1e-5,"rope_theta":100000.0}"#),
+    ("mistral-7b", r#"{"model_type":"mistral","hidden_size":4096,"intermediate_size":14336,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"head_dim":128,"vocab_size":32768,"tie_word_embeddings":false,"max_position_embeddings":32768,"rms_norm_eps":1e-5,"rope_theta":1000000.0,"sliding_window":null}"#),
+    ("mistral-7b-v0.1", r#"{"model_type":"mistral","hidden_size":4096,"intermediate_size":14336,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"head_dim":128,"vocab_size":32000,"tie_word_embeddings":false,"max_position_embeddings":32768,"rms_norm_eps":1e-5,"rope_theta":10000.0,"sliding_window":4096}"#),
+    ("gemma-3-270m", r#"{"model_type":"gemma3_text","hidden_size":640,"intermediate_size":2048,"num_hidden_layers":18,"num_attention_heads":4,"num_key_value_heads":1,"head_dim":256,"vocab_size":262144,"max_position_embeddings":32768,"query_pre_attn_scalar":256,"sliding_window":512,"rope_theta":1000000.0,"rope_local_base_freq":10000.0,"rope_scaling":null}"#),
+    ("gemma-3-1b", r#"{"model_type":"gemma3_text","hidden_size":1152,"intermediate_size":6912,"num_hidden_layers":26,"num_attention_heads":4,"num_key_value_heads":1,"head_dim":256,"vocab_size":262144,"max_position_embeddings":32768,"query_pre_attn_scalar":256,"sliding_window":512,"rope_theta":1000000.0,"rope_local_base_freq":10000.0,"rope_scaling":null}"#),
+    ("gemma-3-4b", r#"{"model_type":"gemma3_text","hidden_size":2560,"intermediate_size":10240,"num_hidden_layers":34,"num_attention_heads":8,"num_key_value_heads":4,"head_dim":256,"vocab_size":262208,"max_position_embeddings":131072,"query_pre_attn_scalar":256,"sliding_window":1024,"rope_theta":1000000.0,"rope_local_base_freq":10000.0,"rope_scaling":{"rope_type":"linear","factor":8.0}}"#),
 ];
 
+/// A preset by name, through its family's reader.
 pub fn preset(name: &str) -> Result<Config> {
     let (_, json) = PRESETS.iter().find(|(n, _)| *n == name).ok_or_else(|| {
         PackError::Config(format!("no preset `{name}` (have: {})", PRESETS.iter().map(|p| p.0).collect::<Vec<_>>().join(", ")))
     })?;
-    let c: Config = serde_json::from_str(json).map_err(|e| PackError::Config(format!("preset {name}: {e}")))?;
-    c.validate().map_err(PackError::Config)?;
-    Ok(c)
+    let v: serde_json::Value = serde_json::from_str(json).map_err(|e| PackError::Config(format!("preset {name}: {e}")))?;
+    Config::from_hf(&v).map_err(|e| PackError::Config(format!("preset {name}: {e}")))
 }
 
 #[cfg(test)]
@@ -161,13 +234,16 @@ mod tests {
     fn presets_validate_and_round_trip() {
         for (name, _) in PRESETS {
             let c = preset(name).unwrap();
-            let back: Config = serde_json::from_value(c.to_hf_json()).unwrap();
-            assert_eq!(back.head_dim(), c.head_dim(), "{name}");
-            assert_eq!(back.qkv_bias(), c.qkv_bias(), "{name}");
+            let back = Config::from_hf(&c.to_hf_json()).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(back, c, "{name}: config.json written and read back");
         }
         assert_eq!(preset("qwen2.5-0.5b").unwrap().head_dim(), 64);
         assert!(preset("qwen2.5-0.5b").unwrap().qkv_bias());
         assert!(!preset("qwen3-4b").unwrap().qkv_bias());
+        let g = preset("gemma-3-1b").unwrap();
+        assert_eq!((g.head_dim(), g.embedding_scale(), g.window(0), g.window(5), g.window(11)), (256, 34.0, Some(512), None, None));
+        assert_eq!(preset("gemma-3-4b").unwrap().embedding_scale(), 50.5);
+        assert_eq!(preset("smollm2-135m").unwrap().head_dim(), 64);
     }
 
     #[test]
@@ -176,10 +252,7 @@ mod tests {
         c.head_dim = Some(96);
         assert!(c.validate().unwrap_err().contains("head_dim 96"));
         c.head_dim = Some(128);
-        c.model_type = "llama".into();
-        assert!(c.validate().unwrap_err().contains("qwen3, qwen2"));
-        c.model_type = "qwen3".into();
-        c.rope_scaling = Some(serde_json::json!({"type": "yarn", "factor": 4.0}));
-        assert!(c.validate().unwrap_err().contains("rope_scaling"));
+        c.layer_types = vec![LayerType::Sliding; 36];
+        assert!(c.validate().unwrap_err().contains("sliding_window"), "a sliding layer needs a window");
     }
 }

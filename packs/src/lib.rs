@@ -1,30 +1,37 @@
-//! The Qwen model pack: everything kern needs to run Qwen3 dense models (and Qwen2 / Qwen2.5,
-//! which add QKV biases and drop the q/k norms), kept out of the engine.
+//! kern's model packs: everything kern needs to run a family of models, kept out of the engine.
+//! A family is a short module ([`families`]: config reading, GGUF names, the config.json it
+//! writes back) over shared parts: one normalized [`Config`], one manifest builder, one set of
+//! kernels (`packs/kernels`, built by `packs/kernels/build.sh`), one random-weight writer.
 //!
-//! * [`config`]: the Hugging Face `config.json` fields the pack reads, and presets with real
-//!   shapes (for random weights);
-//! * [`manifest`]: `kern pack` — a manifest (schema 4.1, step ABI 1) wiring the pack's kernels
-//!   (`packs/kernels`, built by `packs/kernels/build.sh`) into a decoder, optionally with
-//!   a draft program for speculative decoding that reuses the target's weights ([`Draft`]:
-//!   `self`, `layer-skip:L`; docs/speculative.md);
+//! * [`families`]: the family table (Qwen3/Qwen2, Llama/Mistral, Gemma 3), keyed by
+//!   `model_type` and GGUF `general.architecture`;
+//! * [`config`]: the normalized decoder config the families fill, and presets with real shapes;
+//! * [`rope`]: RoPE scaling (llama3, linear, YaRN, GGUF divisors) as fp32 frequency tables;
+//! * [`manifest`]: `kern pack` — a manifest (schema 4.1, step ABI 1) wiring the kernels into a
+//!   decoder, optionally with a draft program for speculative decoding that reuses the target's
+//!   weights ([`Draft`]: `self`, `layer-skip:L`; docs/speculative.md);
 //! * [`fused`]: the fused decode program's ops (RMSNorm, SwiGLU and the residual adds inside
 //!   the decode GEMVs for steps of at most 8 tokens, bit-identical to the unfused kernels);
-//! * [`gguf`]: the config from a GGUF file's metadata (`qwen2`, `qwen3`) and the Hugging Face
-//!   → GGUF tensor names, for `kern pack --gguf`;
+//! * [`gguf`]: weight sources renamed for GGUF files and prefixed checkpoints;
 //! * [`random`]: seeded random weights in the Hugging Face safetensors layout plus a
 //!   `config.json` that transformers loads unchanged.
 
 pub mod config;
+pub mod families;
 pub mod fused;
 pub mod gguf;
 pub mod manifest;
 pub mod random;
+pub mod rope;
 
 pub use config::{Config, PRESETS};
+pub use families::{Family, FAMILIES};
 pub use manifest::{generate, generate_for_gguf, BatchGemm, DecodeAttention, Draft, DraftKind, PackOptions, PrefillAttention, Residual};
 
-/// The `model_type` values this pack serves.
-pub const MODEL_TYPES: &[&str] = &["qwen3", "qwen2"];
+/// Every `model_type` the packs serve.
+pub fn model_types() -> Vec<&'static str> {
+    families::model_types()
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PackError {

@@ -1,9 +1,12 @@
-//! `kern pack`: a manifest for a Qwen3 / Qwen2 config, wiring the pack's kernels into the
-//! decoder of transformers' `Qwen3Model` / `Qwen2Model`, one step of the step ABI per program
-//! run (a varlen batch mixing prefill chunks and decode tokens). See `packs/kernels/KERNELS.md`
-//! for each kernel's contract and the chain this follows.
+//! `kern pack`: a manifest for a dense decoder [`Config`] of any family, wiring the shared
+//! kernels into the decoder transformers' `Qwen3Model`, `LlamaModel`, `MistralModel` or
+//! `Gemma3TextModel` computes, one step of the step ABI per program run (a varlen batch mixing
+//! prefill chunks and decode tokens). What differs between families comes from the config as
+//! data — norm form, sandwich norms, activation, biases, q/k norm, embedding scale, RoPE tables
+//! and sliding windows per layer — so this builder has no family branches. See
+//! `packs/kernels/KERNELS.md` for each kernel's contract.
 
-use crate::config::Config;
+use crate::config::{Activation, Config, NormKind, RopePairs};
 use crate::{io, PackError, Result};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
@@ -237,6 +240,16 @@ pub fn check_prefill_tc(cfg: &Config) -> std::result::Result<(), String> {
     }
 }
 
+/// The prefill attention a pack gets for `asked`: the tensor-core kernels have no head_dim 256
+/// build, so such models (Gemma 3) prefill with the SIMT kernel instead of failing to pack.
+pub fn prefill_attention_for(cfg: &Config, asked: PrefillAttention) -> PrefillAttention {
+    if asked == PrefillAttention::Tc && cfg.head_dim() == 256 {
+        PrefillAttention::Simt
+    } else {
+        asked
+    }
+}
+
 /// Decode attention (`--decode-attention`): which kernels attend for decode-shaped steps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DecodeAttention {
@@ -416,13 +429,39 @@ pub fn check_draft(cfg: &Config, draft: &Draft, tp: Option<u64>) -> std::result:
 /// Writes `out/model.json` and copies the cubins it references into `out`. Weight sources name
 /// the Hugging Face safetensors tensors (`model.layers.0.self_attn.q_proj.weight`, ...).
 pub fn generate(cfg: &Config, opts: &PackOptions, out: &Path) -> Result<PathBuf> {
-    write(cfg, opts, out, |_| Ok(()))
+    if cfg.tensor_prefix == "model." {
+        return write(cfg, opts, out, |_| Ok(()));
+    }
+    write(cfg, opts, out, |m| crate::gguf::rename_sources(m, &|hf| Some(crate::gguf::with_prefix(hf, &cfg.tensor_prefix))))
 }
 
 /// [`generate`] for a GGUF checkpoint: the same manifest, with weight sources naming the GGUF
-/// tensors (`blk.0.attn_q.weight`, ...; [`crate::gguf::tensor_name`]).
+/// tensors (`blk.0.attn_q.weight`, ...; the family's table, [`crate::families::gguf_name`]).
 pub fn generate_for_gguf(cfg: &Config, opts: &PackOptions, out: &Path) -> Result<PathBuf> {
-    write(cfg, opts, out, crate::gguf::rename_sources)
+    write(cfg, opts, out, |m| crate::gguf::rename_sources(m, &|hf| crate::families::gguf_name(cfg, hf)))
+}
+
+/// Whether `--decode-fusion on` can be written for `cfg`: the fused GEMVs implement the
+/// Qwen / Llama block (SwiGLU, `w · bf16(x̂)` norms, two norms per block, no O or MLP biases).
+pub fn fusion_supported(cfg: &Config) -> std::result::Result<(), String> {
+    let mut why = vec![];
+    if cfg.norm != crate::config::NormKind::Scale {
+        why.push("zero-centred (1 + w) norms");
+    }
+    if cfg.sandwich_norms {
+        why.push("four norms per block");
+    }
+    if cfg.activation != crate::config::Activation::Silu {
+        why.push("a GELU MLP");
+    }
+    if cfg.o_bias || cfg.mlp_bias {
+        why.push("O / MLP biases");
+    }
+    if why.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("--decode-fusion on: the fused decode GEMVs do not implement {} ({}); pack with --decode-fusion off", why.join(", "), cfg.model_type))
+    }
 }
 
 fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Value) -> Result<()>) -> Result<PathBuf> {
@@ -439,8 +478,14 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     if opts.decode_attention == DecodeAttention::Split {
         check_split_decode(cfg).map_err(PackError::Config)?;
     }
+    let mut opts = opts.clone();
+    opts.prefill_attention = prefill_attention_for(cfg, opts.prefill_attention);
+    let opts = &opts;
     if opts.prefill_attention == PrefillAttention::Tc {
         check_prefill_tc(cfg).map_err(PackError::Config)?;
+    }
+    if opts.decode_fusion {
+        fusion_supported(cfg).map_err(PackError::Config)?;
     }
     std::fs::create_dir_all(out).map_err(io(out))?;
     let mut modules = Map::new();
@@ -551,8 +596,8 @@ fn pdl_for_small_steps(m: &mut Value, max_tokens: u64, max_seqs: u64) {
 pub fn check_split_decode(cfg: &Config) -> std::result::Result<(), String> {
     let (hq, hkv, d) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
     let mut why = vec![];
-    if d != 64 && d != 128 {
-        why.push(format!("head_dim {d} (the kernels are built for 64 and 128)"));
+    if d != 64 && d != 128 && d != 256 {
+        why.push(format!("head_dim {d} (the kernels are built for 64, 128 and 256)"));
     }
     if hkv == 0 || !hq.is_multiple_of(hkv) || hq / hkv > DECODE_MAX_GROUP {
         why.push(format!("{hq} query heads over {hkv} kv heads (the kernel takes whole groups of at most {DECODE_MAX_GROUP} query heads per kv head)"));
@@ -580,6 +625,9 @@ pub fn check_tp(cfg: &Config, tp: u64) -> std::result::Result<(), String> {
     }
     if !i.is_multiple_of(tp) || !(i / tp).is_multiple_of(8) {
         why.push(format!("intermediate_size {i} does not divide into {tp} ranks of a multiple of 8 (the down GEMM's K)"));
+    }
+    if tp > 1 && (cfg.o_bias || cfg.mlp_bias) {
+        why.push("the O / down projections have biases, which every rank's partial sum would add once more before the all-reduce (not supported yet)".to_string());
     }
     if why.is_empty() {
         Ok(())
@@ -704,6 +752,7 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     let eps = cfg.rms_norm_eps;
     let bias = cfg.qkv_bias();
     let qk_norm = cfg.qk_norm();
+    let sandwich = cfg.sandwich_norms;
 
     // ---- buffers: step inputs, activations, weights, outputs
     let mut b = Map::new();
@@ -738,6 +787,11 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         b.insert("attn_partial".into(), json!({"dtype": "f32", "shape": [n]}));
     }
     b.insert("o".into(), bf16(json!(["tokens", d.h])));
+    if sandwich {
+        // The post-attention and post-MLP norms' outputs (Gemma 3), added to the residual.
+        b.insert("o_norm".into(), bf16(json!(["tokens", d.h])));
+        b.insert("mlp_norm".into(), bf16(json!(["tokens", d.h])));
+    }
     b.insert("gate_up".into(), bf16(json!(["tokens", 2 * d.i])));
     b.insert("act".into(), bf16(json!(["tokens", d.i])));
     b.insert("mlp".into(), bf16(json!(["tokens", d.h])));
@@ -774,12 +828,39 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
             b.insert(format!("{p}.self_attn.k_norm.weight"), weight(json!([d.d]), json!({"tensor": format!("{p}.self_attn.k_norm.weight")})));
         }
         b.insert(format!("{p}.self_attn.o_proj.weight"), weight(json!([d.h, d.hq * d.d]), with_shard(json!({"tensor": format!("{p}.self_attn.o_proj.weight")}), 1)));
+        if cfg.o_bias {
+            // A row-parallel GEMM's bias is added once, after the all-reduce would sum it tp
+            // times: with tensor parallelism each rank adds its share (bias / tp is not exact),
+            // so --tp refuses O / MLP biases (check_tp).
+            b.insert(format!("{p}.self_attn.o_proj.bias"), weight(json!([d.h]), json!({"tensor": format!("{p}.self_attn.o_proj.bias")})));
+        }
         b.insert(format!("{p}.post_attention_layernorm.weight"), weight(json!([d.h]), json!({"tensor": format!("{p}.post_attention_layernorm.weight")})));
+        if sandwich {
+            for n in ["pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+                b.insert(format!("{p}.{n}.weight"), weight(json!([d.h]), json!({"tensor": format!("{p}.{n}.weight")})));
+            }
+        }
         b.insert(
             format!("{p}.mlp.gate_up_proj.weight"),
             weight(json!([2 * d.i, d.h]), with_shard(json!({"concat": [format!("{p}.mlp.gate_proj.weight"), format!("{p}.mlp.up_proj.weight")], "axis": 0, "sizes": [d.i, d.i]}), 0)),
         );
         b.insert(format!("{p}.mlp.down_proj.weight"), weight(json!([d.h, d.i]), with_shard(json!({"tensor": format!("{p}.mlp.down_proj.weight")}), 1)));
+        if cfg.mlp_bias {
+            b.insert(
+                format!("{p}.mlp.gate_up_proj.bias"),
+                weight(json!([2 * d.i]), with_shard(json!({"concat": [format!("{p}.mlp.gate_proj.bias"), format!("{p}.mlp.up_proj.bias")], "axis": 0, "sizes": [d.i, d.i]}), 0)),
+            );
+            b.insert(format!("{p}.mlp.down_proj.bias"), weight(json!([d.h]), json!({"tensor": format!("{p}.mlp.down_proj.bias")})));
+        }
+    }
+    // RoPE frequency tables of scaled RoPEs (llama3, linear, YaRN, GGUF divisors), written into
+    // the manifest; plain RoPE passes a null table and the kernel computes theta^(-2i/d).
+    let ropes = rope_kinds(cfg);
+    for r in &ropes {
+        if let Some(t) = &r.table {
+            let values: Vec<f64> = t.iter().map(|&x| f64::from(x)).collect();
+            b.insert(r.buffer.clone(), json!({"dtype": "f32", "shape": [t.len()], "role": "weight", "from": {"values": values}}));
+        }
     }
     b.insert("model.norm.weight".into(), weight(json!([d.h]), json!({"tensor": "model.norm.weight"})));
     let lm_head = if cfg.tie_word_embeddings { json!({"alias": "model.embed_tokens.weight"}) } else { json!({"tensor": "lm_head.weight"}) };
@@ -791,23 +872,33 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     // Qwen2's QKV bias is added by the qkv GEMM's fp32 epilogue (one rounding, like
     // F.linear), so the RoPE kernel's own bias flag (bit 1) stays off: setting both would add
     // it twice.
-    let rope_flags = i64::from(qk_norm);
+    // Flags of qk_norm_rope (rope.cu): 1 q/k norm, 4 the norm in Gemma's fp32 (off + w) form,
+    // 8 adjacent RoPE pairs (GGUF llama).
+    let (norm_f32, norm_off) = match cfg.norm {
+        NormKind::Scale => (0, 0.0),
+        NormKind::Offset(off) => (4, off),
+    };
+    let rope_flags = i64::from(qk_norm) * (1 + norm_f32) + if cfg.rope_pairs == RopePairs::Adjacent { 8 } else { 0 };
     // The KV kernels address a layer of a per-token state by (layer, num_layers): a state
     // holding `num_layers` layers per token (`kv`: all of them; a layer-skip draft's
-    // `draft_kv`: its first L). The state and the layer index are call arguments.
+    // `draft_kv`: its first L). The state and the layer index are call arguments, and so are
+    // the layer's RoPE base, frequency table (null: computed from the base) and cos/sin scale:
+    // Gemma's sliding and global layers rotate differently (rope_kinds).
     let rope_op = |num_layers: u64| {
         json!({
-            "params": ["inout buffer<bf16>", "state", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "in buffer<i32>", "i32", "i32"],
+            "params": ["inout buffer<bf16>", "state", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "in buffer<i32>", "i32", "i32",
+                       "f32", "ptr", "f32"],
             "impl": {"launches": [{
                 "module": "rope", "entry": "qk_norm_rope",
                 "params": ["inout buffer<bf16>", "ptr", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "in buffer<i32>",
-                           "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32", "f32", "i32"],
+                           "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32", "f32", "i32", "ptr", "f32", "f32"],
                 "block": [256], "grid": ["tokens", d.qkv / d.d / 8 + u64::from(!(d.qkv / d.d).is_multiple_of(8))],
                 "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5}, {"param": 6},
                          {"param": 7}, {"i32": d.hq}, {"i32": d.hkv}, {"i32": d.d}, {"param": 8}, {"i32": num_layers},
-                         {"i32": opts.page_tokens}, {"f32": cfg.rope_theta}, {"f32": eps}, {"i32": rope_flags}]}]}})
+                         {"i32": opts.page_tokens}, {"param": 9}, {"f32": eps}, {"i32": rope_flags}, {"param": 10}, {"param": 11},
+                         {"f32": norm_off}]}]}})
     };
-    let scale = 1.0 / (d.d as f64).sqrt();
+    let scale = cfg.attn_scale();
     // --prefill-attention tc: steps with tokens > seqs launch attention_prefill_dD (attention_dD's
     // params and args; PREFILL_ROWS / G tokens per CTA), the others keep the decode choice.
     let tc = opts.prefill_attention == PrefillAttention::Tc;
@@ -818,16 +909,24 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         l["grid"][0] = json!(format!("(ceil(tokens/{})+seqs) * max(0, min(1, tokens - seqs))", PREFILL_ROWS / (d.hq / d.hkv)));
         l
     };
+    // The layer's sliding window (0: none) is the op's last parameter, a call argument.
+    let window_param = if split { 11 } else { 10 };
     let attention_op = |num_layers: u64| {
-        let plain = json!({
+        let mut plain = json!({
             "module": "attention", "entry": attn_entry,
             "params": ["out buffer<bf16>", "in buffer<bf16>", "ptr", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>",
-                       "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32"],
+                       "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32", "i32"],
             "block": [128], "grid": [format!("ceil(tokens/{bq})+seqs"), d.hkv],
             "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5},
                      {"param": 6}, {"param": 7}, {"param": 8}, {"i32": d.qkv}, {"i32": d.hq}, {"i32": d.hkv}, {"param": 9},
-                     {"i32": num_layers}, {"i32": opts.page_tokens}, {"f32": scale}]});
-        let params = json!(["out buffer<bf16>", "in buffer<bf16>", "state", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>", "i32", "i32", "i32", "i32"]);
+                     {"i32": num_layers}, {"i32": opts.page_tokens}, {"f32": scale}, {"param": window_param}]});
+        if d.d == 256 {
+            plain["shared"] = json!(ATT_SMEM_D256);
+        }
+        let mut params = json!(["out buffer<bf16>", "in buffer<bf16>", "state", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>", "i32", "i32", "i32", "i32"]);
+        if !split {
+            params.as_array_mut().expect("array").push(json!("i32"));
+        }
         if !split && tc {
             let mut decode = plain.clone();
             decode["grid"][0] = json!(format!("(ceil(tokens/{bq})+seqs) * max(0, min(1, seqs - tokens + 1))"));
@@ -850,36 +949,41 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         // kernel's chunking is fixed by the row and the constant max_chunks (its last arg).
         let splits = format!("min({}, cdiv({DECODE_GRID_CTAS}, seqs * {}))", decode_max_chunks(d.hkv), d.hkv);
         let mut params = params;
-        params.as_array_mut().expect("array").push(json!("out buffer<f32>"));
-        json!({"params": params, "impl": {"launches": [
-            prefill,
-            {"module": DECODE_MODULE, "entry": format!("attention_decode_d{}", d.d),
+        params.as_array_mut().expect("array").extend([json!("out buffer<f32>"), json!("i32")]);
+        let mut decode_launch = json!({"module": DECODE_MODULE, "entry": format!("attention_decode_d{}", d.d),
              "params": ["out buffer<f32>", "in buffer<bf16>", "ptr", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>",
-                        "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32", "i32", "i32"],
+                        "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32", "i32", "i32", "i32"],
              "block": [128], "grid": [format!("tokens * {decode}"), d.hkv, splits],
              "args": [{"param": 10}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5},
                       {"param": 6}, {"param": 7}, {"param": 8}, {"i32": d.qkv}, {"i32": d.hq}, {"i32": d.hkv}, {"param": 9},
                       {"i32": num_layers}, {"i32": opts.page_tokens}, {"f32": scale}, {"i32": DECODE_MIN_CHUNK},
-                      {"i32": decode_max_chunks(d.hkv)}]},
+                      {"i32": decode_max_chunks(d.hkv)}, {"param": window_param}]});
+        if d.d == 256 {
+            decode_launch["shared"] = json!(DEC_SMEM_D256);
+        }
+        json!({"params": params, "impl": {"launches": [
+            prefill,
+            decode_launch,
             {"module": DECODE_MODULE, "entry": format!("attention_combine_d{}", d.d),
              "params": ["out buffer<bf16>", "in buffer<f32>", "i32", "i32"],
              "block": [d.d], "grid": [format!("tokens * {decode}"), d.hq],
              "args": [{"param": 0}, {"param": 10}, {"param": 7}, {"i32": d.hq}]}
         ]}})
     };
+    // The MLP's activation op (and kernel entry): SwiGLU or tanh-GeGLU.
+    let act_op = match cfg.activation {
+        Activation::Silu => "swiglu",
+        Activation::GeluTanh => "geglu_tanh",
+    };
     let mut ops = json!({
         "embedding": {"params": [format!("out buffer<{rt}>"), "in buffer<bf16>", "in buffer<i32>", "i32"], "impl": {"launches": [{
             "module": "rowwise", "entry": if f32_res { "embedding_f32" } else { "embedding" },
-            "params": [format!("out buffer<{rt}>"), "in buffer<bf16>", "in buffer<i32>", "i32", "i32", "i32"],
+            "params": [format!("out buffer<{rt}>"), "in buffer<bf16>", "in buffer<i32>", "i32", "i32", "i32", "f32"],
             "block": [128], "grid": ["tokens"],
-            "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"i32": d.h}, {"i32": d.v}]}]}},
-        "rms_norm": {"params": ["out buffer<bf16>", format!("in buffer<{rt}>"), "in buffer<bf16>", "i32"], "impl": {"launches": [{
-            "module": "rowwise", "entry": if f32_res { "rms_norm_f32" } else { "rms_norm" },
-            "params": ["out buffer<bf16>", format!("in buffer<{rt}>"), "in buffer<bf16>", "i32", "i32", "f32"],
-            "block": [128], "grid": ["tokens"],
-            "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"i32": d.h}, {"f32": eps}]}]}},
-        "add_rms_norm": add_rms_norm("tokens", d.h, eps, opts.residual),
-        "add_rms_norm_last": add_rms_norm("seqs", d.h, eps, opts.residual),
+            "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"i32": d.h}, {"i32": d.v}, {"f32": cfg.embedding_scale()}]}]}},
+        "rms_norm": rms_norm(rt, d.h, eps, cfg.norm),
+        "add_rms_norm": add_rms_norm("tokens", d.h, eps, opts.residual, cfg.norm),
+        "add_rms_norm_last": add_rms_norm("seqs", d.h, eps, opts.residual, cfg.norm),
         "qkv_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.qkv, d.h, "tokens", opts.max_tokens, false, opts.batch_gemm)}},
         "o_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.hq * d.d, "tokens", opts.max_tokens, false, opts.batch_gemm)}},
         "gate_up_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(2 * d.i, d.h, "tokens", opts.max_tokens, false, opts.batch_gemm)}},
@@ -887,8 +991,8 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         "lm_head": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<f32>", "i32"], "impl": {"launches": gemm_launches(d.v, d.h, "seqs", opts.max_seqs, true, opts.batch_gemm)}},
         "qk_norm_rope": rope_op(d.layers),
         "attention": attention_op(d.layers),
-        "swiglu": {"params": ["out buffer<bf16>", "in buffer<bf16>", "i32"], "impl": {"launches": [{
-            "module": "rowwise", "entry": "swiglu", "params": ["out buffer<bf16>", "in buffer<bf16>", "i32", "i32"],
+        act_op: {"params": ["out buffer<bf16>", "in buffer<bf16>", "i32"], "impl": {"launches": [{
+            "module": "rowwise", "entry": act_op, "params": ["out buffer<bf16>", "in buffer<bf16>", "i32", "i32"],
             "block": [256], "grid": ["tokens"], "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"i32": d.i}]}]}},
         "gather_last": {"params": ["out buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "i32", "i32"], "impl": {"launches": [{
             "module": "rowwise", "entry": "gather_last",
@@ -902,6 +1006,10 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                 "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5}, {"param": 6}, {"param": 7}, {"i32": d.v}]}]}}
     });
 
+    if sandwich {
+        // Gemma 3's post-attention and post-MLP norms: a bf16 activation in, a bf16 one out.
+        ops["post_norm"] = rms_norm("bf16", d.h, eps, cfg.norm);
+    }
     if f32_res {
         ops["gather_last_f32"] = json!({"params": ["out buffer<f32>", "in buffer<f32>", "in buffer<i32>", "i32", "i32"], "impl": {"launches": [{
             "module": "rowwise", "entry": "gather_last_f32",
@@ -937,6 +1045,8 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     // norm, gate-up), lL.down_proj_qkv (down_proj_norm_qkv: SwiGLU, down, residual add, and the
     // NEXT layer's input norm and QKV), or in the last layer lL.down_proj (swiglu_down_proj),
     // whose residual add the final norm makes as before.
+    // The MLP's output as the residual adds it: after Gemma's post-feedforward norm, or as is.
+    let mlp_out = if sandwich { "mlp_norm" } else { "mlp" };
     let program = |layers: u64, kv: &str, rope: &str, attention: &str| -> Vec<Value> {
         let mut calls = vec![json!({"label": "embed", "op": "embedding", "args": [buf("x"), buf("model.embed_tokens.weight"), buf("token_ids"), var("tokens")]})];
         let qkv_bias = |l: u64| if bias { buf(&format!("model.layers.{l}.self_attn.qkv_proj.bias")) } else { json!({"null": true}) };
@@ -956,12 +1066,16 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
             let qn = if qk_norm { format!("{p}.self_attn.q_norm.weight") } else { format!("{p}.input_layernorm.weight") };
             let kn = if qk_norm { format!("{p}.self_attn.k_norm.weight") } else { format!("{p}.input_layernorm.weight") };
             let rb = if bias { format!("{p}.self_attn.qkv_proj.bias") } else { format!("{p}.input_layernorm.weight") };
+            let r = &ropes[rope_of(cfg, l)];
+            let table = if r.table.is_some() { buf(&r.buffer) } else { json!({"null": true}) };
             calls.push(json!({"label": format!("l{l}.qk_norm_rope"), "op": rope,
-                "args": [buf("qkv"), {"state": kv}, buf(&qn), buf(&kn), buf(&rb), buf("positions"), buf("slot_mapping"), var("tokens"), {"i32": l}]}));
+                "args": [buf("qkv"), {"state": kv}, buf(&qn), buf(&kn), buf(&rb), buf("positions"), buf("slot_mapping"), var("tokens"), {"i32": l},
+                         {"f32": r.theta}, table, {"f32": r.cos_scale}]}));
             let mut attn_args = vec![buf("attn"), buf("qkv"), json!({"state": kv}), buf("block_tables"), buf("seq_lens"), buf("query_start"), var("seqs"), var("tokens"), var("pages"), json!({"i32": l})];
             if split {
                 attn_args.push(buf("attn_partial"));
             }
+            attn_args.push(json!({"i32": cfg.window(l).unwrap_or(0)}));
             calls.push(json!({"label": format!("l{l}.attention"), "op": attention, "args": attn_args}));
             if fused {
                 calls.push(json!({"label": format!("l{l}.o_proj_gate_up"), "op": "o_proj_norm_gate_up",
@@ -978,26 +1092,39 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                 }
                 continue;
             }
-            calls.push(json!({"label": format!("l{l}.o_proj"), "op": "o_proj", "args": [buf("attn"), buf(&format!("{p}.self_attn.o_proj.weight")), {"null": true}, buf("o"), var("tokens")]}));
+            let opt_bias = |on: bool, name: String| if on { buf(&name) } else { json!({"null": true}) };
+            calls.push(json!({"label": format!("l{l}.o_proj"), "op": "o_proj",
+                "args": [buf("attn"), buf(&format!("{p}.self_attn.o_proj.weight")), opt_bias(cfg.o_bias, format!("{p}.self_attn.o_proj.bias")), buf("o"), var("tokens")]}));
             if opts.tp.is_some() {
                 calls.push(all_reduce(format!("l{l}.o_proj.all_reduce"), "o"));
             }
-            calls.push(json!({"label": format!("l{l}.post_attention_norm"), "op": "add_rms_norm", "args": [buf("h"), buf("x"), buf("o"), buf(&format!("{p}.post_attention_layernorm.weight")), var("tokens")]}));
-            calls.push(json!({"label": format!("l{l}.gate_up_proj"), "op": "gate_up_proj", "args": [buf("h"), buf(&format!("{p}.mlp.gate_up_proj.weight")), {"null": true}, buf("gate_up"), var("tokens")]}));
-            calls.push(json!({"label": format!("l{l}.swiglu"), "op": "swiglu", "args": [buf("act"), buf("gate_up"), var("tokens")]}));
-            calls.push(json!({"label": format!("l{l}.down_proj"), "op": "down_proj", "args": [buf("act"), buf(&format!("{p}.mlp.down_proj.weight")), {"null": true}, buf("mlp"), var("tokens")]}));
+            if sandwich {
+                // Gemma 3: h = x + post_attention_norm(attn); the MLP reads pre_feedforward_norm(h).
+                calls.push(json!({"label": format!("l{l}.post_attention_norm"), "op": "post_norm", "args": [buf("o_norm"), buf("o"), buf(&format!("{p}.post_attention_layernorm.weight")), var("tokens")]}));
+                calls.push(json!({"label": format!("l{l}.pre_feedforward_norm"), "op": "add_rms_norm", "args": [buf("h"), buf("x"), buf("o_norm"), buf(&format!("{p}.pre_feedforward_layernorm.weight")), var("tokens")]}));
+            } else {
+                calls.push(json!({"label": format!("l{l}.post_attention_norm"), "op": "add_rms_norm", "args": [buf("h"), buf("x"), buf("o"), buf(&format!("{p}.post_attention_layernorm.weight")), var("tokens")]}));
+            }
+            calls.push(json!({"label": format!("l{l}.gate_up_proj"), "op": "gate_up_proj",
+                "args": [buf("h"), buf(&format!("{p}.mlp.gate_up_proj.weight")), opt_bias(cfg.mlp_bias, format!("{p}.mlp.gate_up_proj.bias")), buf("gate_up"), var("tokens")]}));
+            calls.push(json!({"label": format!("l{l}.{act_op}"), "op": act_op, "args": [buf("act"), buf("gate_up"), var("tokens")]}));
+            calls.push(json!({"label": format!("l{l}.down_proj"), "op": "down_proj",
+                "args": [buf("act"), buf(&format!("{p}.mlp.down_proj.weight")), opt_bias(cfg.mlp_bias, format!("{p}.mlp.down_proj.bias")), buf("mlp"), var("tokens")]}));
             if opts.tp.is_some() {
                 calls.push(all_reduce(format!("l{l}.down_proj.all_reduce"), "mlp"));
             }
+            if sandwich {
+                calls.push(json!({"label": format!("l{l}.post_feedforward_norm"), "op": "post_norm", "args": [buf("mlp_norm"), buf("mlp"), buf(&format!("{p}.post_feedforward_layernorm.weight")), var("tokens")]}));
+            }
             if l + 1 < layers {
                 calls.push(json!({"label": format!("l{}.input_norm", l + 1), "op": "add_rms_norm",
-                    "args": [buf("h"), buf("x"), buf("mlp"), buf(&format!("model.layers.{}.input_layernorm.weight", l + 1)), var("tokens")]}));
+                    "args": [buf("h"), buf("x"), buf(mlp_out), buf(&format!("model.layers.{}.input_layernorm.weight", l + 1)), var("tokens")]}));
             }
         }
         // Only the last position of each sequence goes through the final norm and the LM head.
         let gather_res = if f32_res { "gather_last_f32" } else { "gather_last" };
         calls.push(json!({"label": "gather.residual", "op": gather_res, "args": [buf("x_last"), buf("x"), buf("last_token"), var("seqs"), var("tokens")]}));
-        calls.push(json!({"label": "gather.mlp", "op": "gather_last", "args": [buf("mlp_last"), buf("mlp"), buf("last_token"), var("seqs"), var("tokens")]}));
+        calls.push(json!({"label": "gather.mlp", "op": "gather_last", "args": [buf("mlp_last"), buf(mlp_out), buf("last_token"), var("seqs"), var("tokens")]}));
         calls.push(json!({"label": "final_norm", "op": "add_rms_norm_last", "args": [buf("h_last"), buf("x_last"), buf("mlp_last"), buf("model.norm.weight"), var("seqs")]}));
         calls.push(json!({"label": "lm_head", "op": "lm_head", "args": [buf("h_last"), buf("lm_head.weight"), {"null": true}, buf("logits"), var("seqs")]}));
         calls.push(json!({"label": "sample", "op": "sample",
@@ -1055,14 +1182,78 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     m
 }
 
-fn add_rms_norm(rows: &str, h: u64, eps: f64, residual: Residual) -> Value {
+/// The op `residual += x; out = rmsnorm(residual)` over `rows` rows, in the norm's form.
+fn add_rms_norm(rows: &str, h: u64, eps: f64, residual: Residual, norm: NormKind) -> Value {
     let (entry, res) = match residual {
         Residual::Bf16 => ("add_rms_norm", "inout buffer<bf16>"),
         Residual::F32 => ("add_rms_norm_f32", "inout buffer<f32>"),
     };
-    json!({"params": ["out buffer<bf16>", res, "in buffer<bf16>", "in buffer<bf16>", "i32"], "impl": {"launches": [{
+    let mut l = json!({
         "module": "rowwise", "entry": entry,
         "params": ["out buffer<bf16>", res, "in buffer<bf16>", "in buffer<bf16>", "i32", "i32", "f32"],
         "block": [128], "grid": [rows],
-        "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"i32": h}, {"f32": eps}]}]}})
+        "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"i32": h}, {"f32": eps}]});
+    with_offset(&mut l, norm);
+    json!({"params": ["out buffer<bf16>", res, "in buffer<bf16>", "in buffer<bf16>", "i32"], "impl": {"launches": [l]}})
+}
+
+/// The op `out = rmsnorm(x)` for an `x` of dtype `dt` (the residual's, or bf16 for Gemma's
+/// post norms), in the norm's form.
+fn rms_norm(dt: &str, h: u64, eps: f64, norm: NormKind) -> Value {
+    let mut l = json!({
+        "module": "rowwise", "entry": if dt == "f32" { "rms_norm_f32" } else { "rms_norm" },
+        "params": ["out buffer<bf16>", format!("in buffer<{dt}>"), "in buffer<bf16>", "i32", "i32", "f32"],
+        "block": [128], "grid": ["tokens"],
+        "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"i32": h}, {"f32": eps}]});
+    with_offset(&mut l, norm);
+    json!({"params": ["out buffer<bf16>", format!("in buffer<{dt}>"), "in buffer<bf16>", "i32"], "impl": {"launches": [l]}})
+}
+
+/// A zero-centred norm ([`NormKind::Offset`]) runs the `_off` entry, with the offset as its
+/// last argument.
+fn with_offset(l: &mut Value, norm: NormKind) {
+    if let NormKind::Offset(off) = norm {
+        let entry = format!("{}_off", l["entry"].as_str().unwrap_or_default());
+        l["entry"] = json!(entry);
+        l["params"].as_array_mut().expect("params").push(json!("f32"));
+        l["args"].as_array_mut().expect("args").push(json!({"f32": off}));
+    }
+}
+
+/// Shared memory of `attention_d256` (attention.cu's `AttSmem<256>`: q 32 × 256 bf16, two
+/// stages of 32-key K and V tiles, P 4 × 8 × 32 fp32, two ints): above the 48 KiB a kernel
+/// may declare statically, so the launch gives it dynamically.
+pub const ATT_SMEM_D256: u64 = 32 * 256 * 2 + 2 * 2 * 32 * 256 * 2 + 4 * 8 * 32 * 4 + 16;
+/// Shared memory of `attention_decode_d256` (`DecSmem<256>`: q 16 × 256 fp32, two stages of K
+/// and V tiles, P 4 × 4 × 32 fp32, four ints).
+pub const DEC_SMEM_D256: u64 = 16 * 256 * 4 + 2 * 2 * 32 * 256 * 2 + 4 * 4 * 32 * 4 + 16;
+
+/// One RoPE of the model: its base, frequency table (scaled RoPEs) and cos/sin factor, and
+/// the manifest buffer the table goes into.
+pub(crate) struct RopeKind {
+    pub buffer: String,
+    pub theta: f64,
+    pub table: Option<Vec<f32>>,
+    pub cos_scale: f32,
+}
+
+/// The RoPEs of `cfg`: [0] for full-attention layers (and every layer of a model with one
+/// RoPE), [1] for sliding-window layers with a local base (Gemma 3: unscaled).
+pub(crate) fn rope_kinds(cfg: &Config) -> Vec<RopeKind> {
+    let d = cfg.head_dim();
+    let mut v = vec![RopeKind {
+        buffer: "rope.inv_freq".into(),
+        theta: cfg.rope_theta,
+        table: crate::rope::inv_freq(cfg.rope_theta, d, &cfg.rope_scaling),
+        cos_scale: crate::rope::cos_scale(&cfg.rope_scaling),
+    }];
+    if let Some(t) = cfg.rope_local_theta {
+        v.push(RopeKind { buffer: "rope.local.inv_freq".into(), theta: t, table: None, cos_scale: 1.0 });
+    }
+    v
+}
+
+/// Which of [`rope_kinds`] layer `l` uses.
+pub(crate) fn rope_of(cfg: &Config, l: u64) -> usize {
+    usize::from(cfg.rope_local_theta.is_some() && cfg.layer_type(l) == crate::config::LayerType::Sliding)
 }

@@ -1,55 +1,85 @@
 //! Seeded random weights with real shapes, in the Hugging Face layout (the tensor names of the
 //! real checkpoints), plus a `config.json` transformers loads unchanged — so kern and the
 //! reference load the very same files. Matrices and biases are normal(0, 0.02) (activations
-//! stay finite through 36 layers); norm weights are 1 + normal(0, 0.02).
+//! stay finite through 36 layers); norm weights are 1 + normal(0, 0.02), or normal(0, 0.1) for
+//! a zero-centred `(1 + w)` norm (Gemma 3: transformers initializes those to 0, where a missing
+//! "+1" would go unnoticed; random ones make it show).
 //!
 //! Every tensor's values depend only on (seed, tensor name, element index), so the output does
 //! not depend on thread count or write order. Files above `shard_bytes` are split into shards
 //! with a `model.safetensors.index.json`, as the Hub does.
 
-use crate::config::Config;
+use crate::config::{Config, NormKind};
 use crate::{io, PackError, Result};
 use safetensors::tensor::{Dtype, TensorView};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// One tensor of the checkpoint: name, shape, and whether it is a norm weight (centered at 1).
+/// How a tensor's values are drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Init {
+    /// normal(0, 0.02): matrices and biases.
+    Normal,
+    /// 1 + normal(0, 0.02): the weight of a `w · x̂` norm.
+    NormOne,
+    /// normal(0, 0.1): the weight of a zero-centred `(1 + w) · x̂` norm.
+    NormZero,
+}
+
+/// One tensor of the checkpoint: name, shape, and how its values are drawn.
 pub struct TensorSpec {
     pub name: String,
     pub shape: Vec<usize>,
-    pub norm: bool,
+    pub init: Init,
 }
 
-/// The tensors of a Qwen3 / Qwen2 checkpoint for `cfg`, in the Hub's order.
+/// The tensors of a checkpoint for `cfg` in the Hugging Face layout, in the Hub's order.
 pub fn tensors(cfg: &Config) -> Vec<TensorSpec> {
     let (h, i, d) = (cfg.hidden_size as usize, cfg.intermediate_size as usize, cfg.head_dim() as usize);
     let (hq, hkv, v) = (cfg.num_attention_heads as usize, cfg.kv_heads() as usize, cfg.vocab_size as usize);
-    let t = |name: String, shape: Vec<usize>, norm: bool| TensorSpec { name, shape, norm };
-    let mut out = vec![t("model.embed_tokens.weight".into(), vec![v, h], false)];
+    let t = |name: String, shape: Vec<usize>, init: Init| TensorSpec { name, shape, init };
+    let norm = match cfg.norm {
+        NormKind::Scale => Init::NormOne,
+        NormKind::Offset(_) => Init::NormZero,
+    };
+    let lin = Init::Normal;
+    let mut out = vec![t("model.embed_tokens.weight".into(), vec![v, h], lin)];
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
-        out.push(t(format!("{p}.input_layernorm.weight"), vec![h], true));
-        out.push(t(format!("{p}.self_attn.q_proj.weight"), vec![hq * d, h], false));
-        out.push(t(format!("{p}.self_attn.k_proj.weight"), vec![hkv * d, h], false));
-        out.push(t(format!("{p}.self_attn.v_proj.weight"), vec![hkv * d, h], false));
+        out.push(t(format!("{p}.input_layernorm.weight"), vec![h], norm));
+        out.push(t(format!("{p}.self_attn.q_proj.weight"), vec![hq * d, h], lin));
+        out.push(t(format!("{p}.self_attn.k_proj.weight"), vec![hkv * d, h], lin));
+        out.push(t(format!("{p}.self_attn.v_proj.weight"), vec![hkv * d, h], lin));
         if cfg.qkv_bias() {
-            out.push(t(format!("{p}.self_attn.q_proj.bias"), vec![hq * d], false));
-            out.push(t(format!("{p}.self_attn.k_proj.bias"), vec![hkv * d], false));
-            out.push(t(format!("{p}.self_attn.v_proj.bias"), vec![hkv * d], false));
+            out.push(t(format!("{p}.self_attn.q_proj.bias"), vec![hq * d], lin));
+            out.push(t(format!("{p}.self_attn.k_proj.bias"), vec![hkv * d], lin));
+            out.push(t(format!("{p}.self_attn.v_proj.bias"), vec![hkv * d], lin));
         }
         if cfg.qk_norm() {
-            out.push(t(format!("{p}.self_attn.q_norm.weight"), vec![d], true));
-            out.push(t(format!("{p}.self_attn.k_norm.weight"), vec![d], true));
+            out.push(t(format!("{p}.self_attn.q_norm.weight"), vec![d], norm));
+            out.push(t(format!("{p}.self_attn.k_norm.weight"), vec![d], norm));
         }
-        out.push(t(format!("{p}.self_attn.o_proj.weight"), vec![h, hq * d], false));
-        out.push(t(format!("{p}.post_attention_layernorm.weight"), vec![h], true));
-        out.push(t(format!("{p}.mlp.gate_proj.weight"), vec![i, h], false));
-        out.push(t(format!("{p}.mlp.up_proj.weight"), vec![i, h], false));
-        out.push(t(format!("{p}.mlp.down_proj.weight"), vec![h, i], false));
+        out.push(t(format!("{p}.self_attn.o_proj.weight"), vec![h, hq * d], lin));
+        if cfg.o_bias {
+            out.push(t(format!("{p}.self_attn.o_proj.bias"), vec![h], lin));
+        }
+        out.push(t(format!("{p}.post_attention_layernorm.weight"), vec![h], norm));
+        if cfg.sandwich_norms {
+            out.push(t(format!("{p}.pre_feedforward_layernorm.weight"), vec![h], norm));
+            out.push(t(format!("{p}.post_feedforward_layernorm.weight"), vec![h], norm));
+        }
+        out.push(t(format!("{p}.mlp.gate_proj.weight"), vec![i, h], lin));
+        out.push(t(format!("{p}.mlp.up_proj.weight"), vec![i, h], lin));
+        out.push(t(format!("{p}.mlp.down_proj.weight"), vec![h, i], lin));
+        if cfg.mlp_bias {
+            out.push(t(format!("{p}.mlp.gate_proj.bias"), vec![i], lin));
+            out.push(t(format!("{p}.mlp.up_proj.bias"), vec![i], lin));
+            out.push(t(format!("{p}.mlp.down_proj.bias"), vec![h], lin));
+        }
     }
-    out.push(t("model.norm.weight".into(), vec![h], true));
+    out.push(t("model.norm.weight".into(), vec![h], norm));
     if !cfg.tie_word_embeddings {
-        out.push(t("lm_head.weight".into(), vec![v, h], false));
+        out.push(t("lm_head.weight".into(), vec![v, h], lin));
     }
     out
 }
@@ -66,8 +96,12 @@ fn name_hash(seed: u64, name: &str) -> u64 {
 }
 
 /// Fills `out` (bf16 little-endian) with the tensor's values for elements `start..`.
-fn fill(out: &mut [u8], key: u64, start: usize, norm: bool) {
-    const STD: f64 = 0.02;
+fn fill(out: &mut [u8], key: u64, start: usize, init: Init) {
+    let (base, std) = match init {
+        Init::Normal => (0.0, 0.02),
+        Init::NormOne => (1.0, 0.02),
+        Init::NormZero => (0.0, 0.1),
+    };
     for (j, pair) in out.chunks_exact_mut(4).enumerate() {
         // Two normals per Box-Muller draw, from the element index: order-independent.
         let idx = (start / 2 + j) as u64;
@@ -76,9 +110,8 @@ fn fill(out: &mut [u8], key: u64, start: usize, norm: bool) {
         let u2 = (splitmix(r) >> 11) as f64 / (1u64 << 53) as f64;
         let rad = (-2.0 * u1.ln()).sqrt();
         let (s, c) = (2.0 * std::f64::consts::PI * u2).sin_cos();
-        let base = if norm { 1.0 } else { 0.0 };
-        pair[..2].copy_from_slice(&half::bf16::from_f64(base + STD * rad * c).to_le_bytes());
-        pair[2..].copy_from_slice(&half::bf16::from_f64(base + STD * rad * s).to_le_bytes());
+        pair[..2].copy_from_slice(&half::bf16::from_f64(base + std * rad * c).to_le_bytes());
+        pair[2..].copy_from_slice(&half::bf16::from_f64(base + std * rad * s).to_le_bytes());
     }
     if out.len() % 4 == 2 {
         let n = out.len();
@@ -87,8 +120,7 @@ fn fill(out: &mut [u8], key: u64, start: usize, norm: bool) {
         let u1 = ((r >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
         let u2 = (splitmix(r) >> 11) as f64 / (1u64 << 53) as f64;
         let v = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
-        let base = if norm { 1.0 } else { 0.0 };
-        out[n - 2..].copy_from_slice(&half::bf16::from_f64(base + STD * v).to_le_bytes());
+        out[n - 2..].copy_from_slice(&half::bf16::from_f64(base + std * v).to_le_bytes());
     }
 }
 
@@ -102,7 +134,7 @@ pub fn generate_tensor(seed: u64, spec: &TensorSpec) -> Vec<u8> {
     let chunk_elems = (n.div_ceil(threads).max(1 << 16) + 1) & !1;
     std::thread::scope(|s| {
         for (c, part) in data.chunks_mut(chunk_elems * 2).enumerate() {
-            s.spawn(move || fill(part, key, c * chunk_elems, spec.norm));
+            s.spawn(move || fill(part, key, c * chunk_elems, spec.init));
         }
     });
     data
@@ -169,23 +201,23 @@ mod tests {
     use super::*;
 
     fn tiny() -> Config {
-        serde_json::from_str(r#"{"model_type":"qwen3","hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":64,"vocab_size":100,"tie_word_embeddings":true}"#).unwrap()
+        Config::from_hf(&serde_json::from_str(r#"{"model_type":"qwen3","hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":64,"vocab_size":100,"tie_word_embeddings":true}"#).unwrap()).unwrap()
     }
 
     #[test]
     fn deterministic_and_thread_independent() {
-        let spec = TensorSpec { name: "w".into(), shape: vec![1001, 3], norm: false };
+        let spec = TensorSpec { name: "w".into(), shape: vec![1001, 3], init: Init::Normal };
         let a = generate_tensor(7, &spec);
         let mut b = vec![0u8; a.len()];
         // One chunk, serially: the same bytes as the parallel run.
-        fill(&mut b, name_hash(7, "w"), 0, false);
+        fill(&mut b, name_hash(7, "w"), 0, Init::Normal);
         assert_eq!(a, b);
         assert_ne!(a, generate_tensor(8, &spec));
         let vals: Vec<f32> = a.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
         let mean = vals.iter().sum::<f32>() / vals.len() as f32;
         let std = (vals.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / vals.len() as f32).sqrt();
         assert!(mean.abs() < 0.003 && (std - 0.02).abs() < 0.002, "mean {mean} std {std}");
-        let norm = generate_tensor(7, &TensorSpec { name: "n".into(), shape: vec![500], norm: true });
+        let norm = generate_tensor(7, &TensorSpec { name: "n".into(), shape: vec![500], init: Init::NormOne });
         let nm: f32 = norm.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).sum::<f32>() / 500.0;
         assert!((nm - 1.0).abs() < 0.01);
     }
@@ -197,7 +229,7 @@ mod tests {
         write(&cfg, 0, &dir.join("one"), u64::MAX, |_, _| {}).unwrap();
         assert!(dir.join("one/model.safetensors").exists());
         let cfg_back = Config::from_file(&dir.join("one/config.json")).unwrap();
-        assert_eq!(cfg_back, Config { max_position_embeddings: Some(40960), attention_bias: Some(false), hidden_act: Some("silu".into()), torch_dtype: Some("bfloat16".into()), rope_scaling: None, ..cfg.clone() });
+        assert_eq!(cfg_back, Config { max_position_embeddings: Some(40960), ..cfg.clone() });
         write(&cfg, 0, &dir.join("sharded"), 20_000, |_, _| {}).unwrap();
         let index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("sharded/model.safetensors.index.json")).unwrap()).unwrap();
         let n = tensors(&cfg).len();

@@ -55,11 +55,12 @@ fn split_decode_attention_passes_kern_check_and_runs_for_one_token_steps_only() 
         let op = &m.ops[m.op("attention").unwrap().0];
         let launch = op.launches.iter().find(|l| l.entry == split).unwrap();
         // The chunking's constants: min_chunk, then max_chunks (a constant of the model, never of
-        // the step: batch invariance).
+        // the step: batch invariance), then the layer's sliding window (a call argument).
         let n = launch.args.len();
-        assert_eq!(launch.args[n - 2], LaunchArg::Const(Scalar::I32(DECODE_MIN_CHUNK as i32)), "{name}");
+        assert_eq!(launch.args[n - 3], LaunchArg::Const(Scalar::I32(DECODE_MIN_CHUNK as i32)), "{name}");
         let max_chunks = decode_max_chunks(hkv);
-        assert_eq!(launch.args[n - 1], LaunchArg::Const(Scalar::I32(max_chunks as i32)), "{name}");
+        assert_eq!(launch.args[n - 2], LaunchArg::Const(Scalar::I32(max_chunks as i32)), "{name}");
+        assert!(matches!(launch.args[n - 1], LaunchArg::Param(_)), "{name}: the window comes from the call");
         assert!((1..=128).contains(&max_chunks), "{name}: the kernel takes 1 to 128 chunks, not {max_chunks}");
         // The grid's z is the documented rule (never above max_chunks: no idle CTAs), and the
         // scratch holds every decode step's header and max_chunks records per (token, head).
@@ -84,7 +85,7 @@ fn split_decode_attention_passes_kern_check_and_runs_for_one_token_steps_only() 
         let id = m.buffer("attn_partial").unwrap();
         let calls: Vec<_> = m.programs[0].calls.iter().filter(|c| c.label.ends_with(".attention")).collect();
         assert_eq!(calls.len() as u64, cfg.num_hidden_layers, "{name}");
-        assert!(calls.iter().all(|c| c.args.last() == Some(&kern_manifest::Binding::Buf(id))), "{name}");
+        assert!(calls.iter().all(|c| c.args[c.args.len() - 2] == kern_manifest::Binding::Buf(id)), "{name}");
         std::fs::remove_dir_all(&out).ok();
     }
 }
@@ -125,7 +126,7 @@ fn split_decode_attention_with_a_draft_program() {
         assert_eq!(live(&m, op, 6, 5), ["attention_d128"], "{kind}");
         let id = m.buffer("attn_partial").unwrap();
         let draft = m.programs.iter().find(|p| p.name == "draft").expect("draft program");
-        assert!(draft.calls.iter().filter(|c| c.label.ends_with(".attention")).all(|c| c.args.last() == Some(&kern_manifest::Binding::Buf(id))), "{kind}");
+        assert!(draft.calls.iter().filter(|c| c.label.ends_with(".attention")).all(|c| c.args[c.args.len() - 2] == kern_manifest::Binding::Buf(id)), "{kind}");
         std::fs::remove_dir_all(&out).ok();
     }
 }
@@ -149,7 +150,9 @@ fn shapes_the_split_kernel_cannot_take_are_refused() {
     std::fs::remove_dir_all(&out).ok();
     let mut cfg = preset("qwen3-4b").unwrap();
     cfg.head_dim = Some(256);
-    assert!(check_split_decode(&cfg).unwrap_err().contains("head_dim 256"));
+    assert!(check_split_decode(&cfg).is_ok(), "head_dim 256 has its split kernel (Gemma 3)");
+    cfg.head_dim = Some(96);
+    assert!(check_split_decode(&cfg).unwrap_err().contains("head_dim 96"));
     assert_eq!("split".parse::<DecodeAttention>(), Ok(DecodeAttention::Split));
     assert_eq!("plain".parse::<DecodeAttention>(), Ok(DecodeAttention::Plain));
     let e = "flash".parse::<DecodeAttention>().unwrap_err();

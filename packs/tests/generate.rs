@@ -70,9 +70,9 @@ fn presets_generate_manifests_that_pass_kern_check() {
         if name.starts_with("qwen2") {
             assert!(m.buffer("model.layers.0.self_attn.qkv_proj.bias").is_some());
             assert!(m.buffer("model.layers.0.self_attn.q_norm.weight").is_none());
-            // The bias is added once, by the GEMM: the RoPE kernel's flags (last arg) are 0.
+            // The bias is added once, by the GEMM: the RoPE kernel's flags (arg 16) are 0.
             let rope = &m.ops[m.op("qk_norm_rope").unwrap().0].launches[0];
-            assert_eq!(rope.args.last(), Some(&kern_manifest::LaunchArg::Const(kern_manifest::Value::I32(0))), "{name}");
+            assert_eq!(rope.args[16], kern_manifest::LaunchArg::Const(kern_manifest::Value::I32(0)), "{name}");
             // norm_qkv_proj: [h, x, norm weight, W, bias, qkv, tokens]; down_proj_norm_qkv passes
             // the next layer's bias the same way.
             // (unfused qkv_proj: [h, W, bias, qkv, tokens])
@@ -222,9 +222,10 @@ fn tensor_parallel_sizes_that_do_not_divide_are_refused() {
 /// by columns; replicated weights equal).
 #[test]
 fn tensor_parallel_slices_reassemble_the_single_gpu_weights() {
-    let cfg: kern_packs::Config = serde_json::from_str(
+    let cfg = kern_packs::Config::from_hf(&serde_json::from_str(
         r#"{"model_type":"qwen2","hidden_size":256,"intermediate_size":512,"num_hidden_layers":1,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":512,"tie_word_embeddings":true}"#,
     )
+    .unwrap())
     .unwrap();
     let dir = std::env::temp_dir().join(format!("kern-pack-tp-weights-{}", std::process::id()));
     kern_packs::random::write(&cfg, 7, &dir, 1 << 30, |_, _| {}).unwrap();
@@ -301,4 +302,76 @@ fn tensor_parallel_slices_reassemble_the_single_gpu_weights() {
         assert_eq!(get(&two, name, 1).0, get(&one, name, 0).0, "{name}");
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Issue 24: the Llama, Mistral and Gemma 3 presets pack from the same builder and pass
+/// `kern check` against the real cubins; each family's differences show up as data in the
+/// manifest: Gemma's four norms, GeGLU, (1 + w) entries, embedding scale, head_dim 256 launches
+/// with their dynamic shared memory, per-layer windows and RoPE bases; Llama 3's frequency
+/// table; Mistral's window on every layer.
+#[test]
+fn family_presets_pack_with_their_differences_as_data() {
+    use kern_manifest::{Binding, LaunchArg, Value as V};
+    for name in ["llama-3.2-1b", "llama-3.1-8b", "smollm2-135m", "mistral-7b", "mistral-7b-v0.1", "gemma-3-270m", "gemma-3-1b", "gemma-3-4b"] {
+        let cfg = preset(name).unwrap();
+        let out = std::env::temp_dir().join(format!("kern-pack-family-{}-{name}", std::process::id()));
+        let path = generate(&cfg, &PackOptions { kernels: kernels(), pdl_small_steps: false, ..Default::default() }, &out).unwrap();
+        let m = load(&path, &CheckOptions::default()).unwrap_or_else(|d| panic!("{name}: {d}"));
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let layers = cfg.num_hidden_layers as usize;
+        let gemma = name.starts_with("gemma");
+        let calls = &m.programs[0].calls;
+        // Two more calls per layer for Gemma's post-attention and post-feedforward norms.
+        assert_eq!(calls.len(), 2 + 9 * layers - 1 + 5 + if gemma { 2 * layers } else { 0 }, "{name}");
+        assert_eq!(m.step.as_ref().unwrap().vocab.map(|v| v as u64), Some(cfg.vocab_size), "{name}");
+        let call = |label: &str| calls.iter().find(|c| c.label == label).unwrap_or_else(|| panic!("{name}: no call {label}"));
+        let window = |l: usize| call(&format!("l{l}.attention")).args.last().cloned();
+        let emb = &json["ops"]["embedding"]["impl"]["launches"][0]["args"][6]["f32"];
+        let rope = |l: usize| call(&format!("l{l}.qk_norm_rope")).args.clone();
+        if gemma {
+            for op in ["post_norm", "geglu_tanh"] {
+                assert!(m.op(op).is_some(), "{name}: op {op}");
+            }
+            assert!(m.op("swiglu").is_none(), "{name}");
+            assert_eq!(json["ops"]["add_rms_norm"]["impl"]["launches"][0]["entry"], "add_rms_norm_f32_off");
+            assert_eq!(json["ops"]["add_rms_norm"]["impl"]["launches"][0]["args"][7]["f32"], 1.0, "{name}: offset 1 for Hugging Face weights");
+            assert_eq!(emb.as_f64(), Some(f64::from(cfg.embedding_scale())), "{name}");
+            assert!(emb.as_f64().unwrap() > 20.0, "{name}: bf16(sqrt(hidden))");
+            // Layers 0..4 slide with the model's window, layer 5 is global.
+            let w = cfg.sliding_window.unwrap() as i32;
+            assert_eq!((window(0), window(5)), (Some(Binding::Const(V::I32(w))), Some(Binding::Const(V::I32(0)))), "{name}");
+            // Local layers: base 1e4, no table; global: 1e6 (and the linear table at 4B).
+            assert_eq!(rope(0)[9], Binding::Const(V::F32(10000.0)), "{name}");
+            assert_eq!(rope(5)[9], Binding::Const(V::F32(1e6)), "{name}");
+            assert_eq!(rope(0)[10], Binding::Null, "{name}");
+            assert_eq!(rope(5)[10] == Binding::Null, name != "gemma-3-4b", "{name}: a table only for the scaled global RoPE");
+            // head_dim 256: SIMT attention for prefill and the d256 split decode, each with the
+            // shared memory its struct needs.
+            let launches = &m.ops[m.op("attention").unwrap().0].launches;
+            let entries: Vec<&str> = launches.iter().map(|l| l.entry.as_str()).collect();
+            assert_eq!(entries, ["attention_d256", "attention_decode_d256", "attention_combine_d256"], "{name}");
+            assert_eq!(launches[0].shared.as_const(), Some(kern_packs::manifest::ATT_SMEM_D256 as i64), "{name}");
+            assert_eq!(launches[1].shared.as_const(), Some(kern_packs::manifest::DEC_SMEM_D256 as i64), "{name}");
+            // Attention scale from query_pre_attn_scalar (256): 1/16.
+            assert_eq!(launches[0].args[15], LaunchArg::Const(V::F32(1.0 / 16.0)), "{name}");
+            // The fused decode GEMVs implement the Qwen / Llama block only.
+            let e = generate(&cfg, &PackOptions { kernels: kernels(), decode_fusion: true, ..Default::default() }, &out.join("fused")).unwrap_err().to_string();
+            assert!(e.contains("--decode-fusion on") && e.contains("four norms per block"), "{name}: {e}");
+        } else {
+            assert!(m.op("post_norm").is_none() && m.op("swiglu").is_some(), "{name}");
+            assert_eq!(emb.as_f64(), Some(1.0), "{name}");
+            let w = if name == "mistral-7b-v0.1" { 4096 } else { 0 };
+            assert_eq!((window(0), window(layers - 1)), (Some(Binding::Const(V::I32(w))), Some(Binding::Const(V::I32(w)))), "{name}");
+            let table = m.buffer("rope.inv_freq");
+            assert_eq!(table.is_some(), name.starts_with("llama-3"), "{name}: a table for llama3 RoPE only");
+            if let Some(t) = table {
+                assert_eq!(rope(0)[10], Binding::Buf(t), "{name}");
+                assert_eq!(m.buffers[t.0].bytes_at_max, cfg.head_dim() * 2, "{name}: head_dim / 2 fp32 values");
+            }
+            // The fused decode program is written for the Llama block too.
+            load(&generate(&cfg, &PackOptions { kernels: kernels(), decode_fusion: true, ..Default::default() }, &out.join("fused")).unwrap(), &CheckOptions::default())
+                .unwrap_or_else(|d| panic!("{name} fused: {d}"));
+        }
+        std::fs::remove_dir_all(&out).ok();
+    }
 }

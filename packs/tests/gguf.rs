@@ -1,7 +1,8 @@
-//! `kern pack --gguf`: small Qwen2 and Qwen3 GGUF files written here give a config from their
-//! metadata and a manifest whose every weight loads from the file's tensors (names mapped,
-//! shapes reversed from GGUF order, tied or separate output), passing `kern check` against the
-//! pack's real cubins. Other architectures are refused with the supported list.
+//! `kern pack --gguf`: small Qwen2, Qwen3, Llama and Gemma 3 GGUF files written here give a
+//! config from their metadata and a manifest whose every weight loads from the file's tensors
+//! (each family's names mapped, shapes reversed from GGUF order, tied or separate output),
+//! passing `kern check` against the real cubins. Other architectures are refused with the
+//! supported list.
 
 use kern_manifest::{load, CheckOptions, DType};
 use kern_packs::{generate_for_gguf, PackOptions};
@@ -76,6 +77,9 @@ fn model(arch: &str, tied: bool, extra: &[(&str, u32, Vec<u8>)]) -> Vec<u8> {
         (k("attention.layer_norm_rms_epsilon"), 6, f32v(1e-6)),
         ("tokenizer.ggml.tokens".into(), 9, tokens),
     ];
+    if arch == "gemma3" {
+        kv.push((k("attention.sliding_window"), 4, u32v(32)));
+    }
     for (a, b, c) in extra {
         kv.push((a.to_string(), *b, c.clone()));
     }
@@ -93,9 +97,13 @@ fn model(arch: &str, tied: bool, extra: &[(&str, u32, Vec<u8>)]) -> Vec<u8> {
             t.push((format!("{p}.attn_q.bias"), vec![hq * d], 0));
             t.push((format!("{p}.attn_k.bias"), vec![hkv * d], 0));
             t.push((format!("{p}.attn_v.bias"), vec![hkv * d], 0));
-        } else {
+        } else if arch != "llama" {
             t.push((format!("{p}.attn_q_norm.weight"), vec![d], 0));
             t.push((format!("{p}.attn_k_norm.weight"), vec![d], 0));
+        }
+        if arch == "gemma3" {
+            t.push((format!("{p}.post_attention_norm.weight"), vec![h], 0));
+            t.push((format!("{p}.post_ffw_norm.weight"), vec![h], 0));
         }
         t.push((format!("{p}.attn_output.weight"), vec![hq * d, h], 8));
         t.push((format!("{p}.ffn_norm.weight"), vec![h], 0));
@@ -104,6 +112,32 @@ fn model(arch: &str, tied: bool, extra: &[(&str, u32, Vec<u8>)]) -> Vec<u8> {
         t.push((format!("{p}.ffn_down.weight"), vec![i, h], 8));
     }
     let kv: Vec<(&str, u32, Vec<u8>)> = kv.iter().map(|(a, b, c)| (a.as_str(), *b, c.clone())).collect();
+    gguf(&kv, &t)
+}
+
+/// A Llama file with Llama 3.1's `rope_freqs.weight` (32 divisors for head_dim 64).
+fn llama3() -> Vec<u8> {
+    let (h, d, hq, hkv, i, v) = (128u64, 64u64, 2u64, 1u64, 256u64, 64u64);
+    let mut tokens = 8u32.to_le_bytes().to_vec();
+    tokens.extend_from_slice(&v.to_le_bytes());
+    for t in 0..v {
+        s(&mut tokens, &format!("t{t}"));
+    }
+    let kv: Vec<(&str, u32, Vec<u8>)> = vec![
+        ("general.architecture", 8, strv("llama")),
+        ("llama.block_count", 4, u32v(1)),
+        ("llama.embedding_length", 4, u32v(h as u32)),
+        ("llama.feed_forward_length", 4, u32v(i as u32)),
+        ("llama.attention.head_count", 4, u32v(hq as u32)),
+        ("llama.attention.head_count_kv", 4, u32v(hkv as u32)),
+        ("llama.rope.freq_base", 6, f32v(5e5)),
+        ("llama.attention.layer_norm_rms_epsilon", 6, f32v(1e-5)),
+        ("tokenizer.ggml.tokens", 9, tokens),
+    ];
+    let mut t: Vec<(String, Vec<u64>, u32)> = vec![("token_embd.weight".into(), vec![h, v], 8), ("output_norm.weight".into(), vec![h], 0), ("rope_freqs.weight".into(), vec![d / 2], 0)];
+    for (n, dims, ty) in [("attn_norm", vec![h], 0), ("attn_q", vec![h, hq * d], 8), ("attn_k", vec![h, hkv * d], 8), ("attn_v", vec![h, hkv * d], 8), ("attn_output", vec![hq * d, h], 8), ("ffn_norm", vec![h], 0), ("ffn_gate", vec![h, i], 8), ("ffn_up", vec![h, i], 8), ("ffn_down", vec![i, h], 8)] {
+        t.push((format!("blk.0.{n}.weight"), dims, ty));
+    }
     gguf(&kv, &t)
 }
 
@@ -119,7 +153,7 @@ fn qwen2_and_qwen3_gguf_pack_and_every_weight_loads() {
     for (arch, tied) in [("qwen2", false), ("qwen3", true)] {
         let file = write(dir.path(), &format!("{arch}.gguf"), &model(arch, tied, &[]));
         let ckpt = Checkpoint::open(&file).unwrap();
-        let cfg = kern_packs::gguf::config(ckpt.gguf().unwrap(), &file).unwrap();
+        let cfg = kern_packs::families::from_gguf(&ckpt, &file).unwrap();
         assert_eq!((cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers), (128, 256, 2), "{arch}");
         assert_eq!((cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim(), cfg.vocab_size), (2, 1, 64, 64), "{arch}");
         assert_eq!((cfg.rms_norm_eps, cfg.rope_theta, cfg.max_position_embeddings), (1e-6, 1e6, Some(4096)), "{arch}");
@@ -155,21 +189,26 @@ fn other_architectures_and_inconsistent_metadata_are_refused() {
     let mut b = model("qwen2", true, &[]);
     // Same length as "qwen2": the architecture string only.
     let at = b.windows(5).position(|w| w == b"qwen2").unwrap();
-    b[at..at + 5].copy_from_slice(b"llama");
-    let file = write(dir.path(), "llama.gguf", &b);
+    b[at..at + 5].copy_from_slice(b"mamba");
+    let file = write(dir.path(), "mamba.gguf", &b);
     let ckpt = Checkpoint::open(&file).unwrap();
-    let e = kern_packs::gguf::config(ckpt.gguf().unwrap(), &file).unwrap_err().to_string();
-    assert!(e.contains("architecture `llama`") && e.contains("qwen2, qwen3") && e.contains("llama.gguf"), "{e}");
+    let e = kern_packs::families::from_gguf(&ckpt, &file).unwrap_err();
+    assert!(e.contains("architecture `mamba`") && e.contains("qwen3, qwen2, llama, gemma3") && e.contains("mamba.gguf"), "{e}");
 
     let file = write(dir.path(), "bad-kl.gguf", &model("qwen3", true, &[("qwen3.attention.key_length", 4, u32v(128))]));
     let ckpt = Checkpoint::open(&file).unwrap();
-    let e = kern_packs::gguf::config(ckpt.gguf().unwrap(), &file).unwrap_err().to_string();
+    let e = kern_packs::families::from_gguf(&ckpt, &file).unwrap_err();
     assert!(e.contains("key_length") && e.contains("head_dim 64"), "{e}");
 
-    let file = write(dir.path(), "yarn.gguf", &model("qwen2", true, &[("qwen2.rope.scaling.type", 8, strv("yarn"))]));
+    let file = write(dir.path(), "longrope.gguf", &model("qwen2", true, &[("qwen2.rope.scaling.type", 8, strv("longrope"))]));
     let ckpt = Checkpoint::open(&file).unwrap();
-    let e = kern_packs::gguf::config(ckpt.gguf().unwrap(), &file).unwrap_err().to_string();
-    assert!(e.contains("RoPE scaling"), "{e}");
+    let e = kern_packs::families::from_gguf(&ckpt, &file).unwrap_err();
+    assert!(e.contains("`longrope`") && e.contains("none, linear and yarn"), "{e}");
+
+    let file = write(dir.path(), "linear-no-factor.gguf", &model("llama", true, &[("llama.rope.scaling.type", 8, strv("linear"))]));
+    let ckpt = Checkpoint::open(&file).unwrap();
+    let e = kern_packs::families::from_gguf(&ckpt, &file).unwrap_err();
+    assert!(e.contains("no factor"), "{e}");
 }
 
 /// Issue 18: `kern pack --gguf ... --draft`: the draft program reads the same GGUF-named weights
@@ -180,7 +219,7 @@ fn gguf_packs_take_a_draft_too() {
     let dir = tempfile::tempdir().unwrap();
     let file = write(dir.path(), "qwen3.gguf", &model("qwen3", true, &[]));
     let ckpt = Checkpoint::open(&file).unwrap();
-    let cfg = kern_packs::gguf::config(ckpt.gguf().unwrap(), &file).unwrap();
+    let cfg = kern_packs::families::from_gguf(&ckpt, &file).unwrap();
     for (kind, layers) in [(DraftKind::LayerSkip(1), 1), (DraftKind::SelfDraft, 2)] {
         let out = dir.path().join(kind.to_string().replace(':', "-"));
         let opts = PackOptions { kernels: kernels(), max_tokens: 64, max_seqs: 4, max_context: 256, draft: Some(Draft { kind, k: 3 }), ..Default::default() };
@@ -201,4 +240,58 @@ fn gguf_packs_take_a_draft_too() {
         let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(json["buffers"]["model.layers.0.self_attn.qkv_proj.weight"]["from"]["concat"][0], "blk.0.attn_q.weight");
     }
+}
+
+/// Llama and Gemma 3 GGUF files: every tensor is used under the family's names; a Llama file's
+/// q/k rows are rotated as adjacent pairs (llama.cpp permuted them) and its `rope_freqs.weight`
+/// becomes the manifest's frequency table; a Gemma 3 file's norms already hold the `1 +`
+/// (offset 0), its every 6th layer is global and the rest have the file's window.
+#[test]
+fn llama_and_gemma3_gguf_pack_with_their_conventions() {
+    use kern_packs::config::{NormKind, RopePairs};
+    let dir = tempfile::tempdir().unwrap();
+    for arch in ["llama", "gemma3"] {
+        let file = write(dir.path(), &format!("{arch}.gguf"), &model(arch, arch == "gemma3", &[]));
+        let ckpt = Checkpoint::open(&file).unwrap();
+        let cfg = kern_packs::families::from_gguf(&ckpt, &file).unwrap();
+        let out = dir.path().join(format!("{arch}-packed"));
+        let opts = PackOptions { kernels: kernels(), max_tokens: 64, max_seqs: 4, max_context: 256, ..Default::default() };
+        let path = generate_for_gguf(&cfg, &opts, &out).unwrap();
+        let m = load(&path, &CheckOptions::default()).unwrap_or_else(|d| panic!("{arch}: {d}"));
+        let problems = kern_weights::check(&ckpt, &m.buffers);
+        assert!(problems.is_empty(), "{arch}: {problems:#?}");
+        assert!(kern_weights::unused_tensors(&ckpt, &m.buffers).is_empty(), "{arch}: every tensor is used");
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let rope = &json["ops"]["qk_norm_rope"]["impl"]["launches"][0]["args"][16]["i32"];
+        if arch == "llama" {
+            assert_eq!((cfg.rope_pairs, cfg.norm, cfg.qk_norm()), (RopePairs::Adjacent, NormKind::Scale, false));
+            assert_eq!(rope.as_i64(), Some(8), "adjacent pairs, no q/k norm");
+        } else {
+            assert_eq!((cfg.norm, cfg.rope_pairs, cfg.window(0), cfg.window(1), cfg.head_dim()), (NormKind::Offset(0.0), RopePairs::Halves, Some(32), Some(32), 64));
+            assert_eq!(rope.as_i64(), Some(1 + 4), "q/k norm in Gemma's fp32 form");
+            assert_eq!(json["buffers"]["model.layers.1.post_attention_layernorm.weight"]["from"]["tensor"], "blk.1.post_attention_norm.weight");
+            assert_eq!(json["buffers"]["model.layers.1.pre_feedforward_layernorm.weight"]["from"]["tensor"], "blk.1.ffn_norm.weight");
+            assert_eq!(json["ops"]["add_rms_norm"]["impl"]["launches"][0]["entry"], "add_rms_norm_f32_off");
+        }
+    }
+    let file = write(dir.path(), "llama3.gguf", &llama3());
+    let ckpt = Checkpoint::open(&file).unwrap();
+    let cfg = kern_packs::families::from_gguf(&ckpt, &file).unwrap();
+    let kern_packs::rope::RopeScaling::Divisors(div) = &cfg.rope_scaling else { panic!("{:?}", cfg.rope_scaling) };
+    let out = dir.path().join("llama3-packed");
+    let opts = PackOptions { kernels: kernels(), max_tokens: 64, max_seqs: 4, max_context: 256, ..Default::default() };
+    let path = generate_for_gguf(&cfg, &opts, &out).unwrap();
+    let m = load(&path, &CheckOptions::default()).unwrap_or_else(|d| panic!("llama3: {d}"));
+    assert!(kern_weights::check(&ckpt, &m.buffers).is_empty());
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let table: Vec<f64> = json["buffers"]["rope.inv_freq"]["from"]["values"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let want: Vec<f32> = (0..32).map(|i| (1.0 / 5e5f64.powf(2.0 * i as f64 / 64.0)) as f32).collect();
+    assert_eq!(table.len(), 32);
+    for i in 0..32 {
+        let expect = f64::from(want[i] / div[i]);
+        assert!((table[i] - expect).abs() <= expect.abs() * 1e-6, "{i}: {} vs {expect}", table[i]);
+    }
+    // The table is an argument of every layer's RoPE call.
+    let rope_call = m.program("main").unwrap().calls.iter().find(|c| c.label == "l0.qk_norm_rope").unwrap();
+    assert_eq!(rope_call.args[10], kern_manifest::Binding::Buf(m.buffer("rope.inv_freq").unwrap()));
 }

@@ -4,31 +4,30 @@
 //! and the file linked into DIR; either with `--draft self|layer-skip:L` adds a draft program
 //! for speculative decoding (docs/speculative.md); `kern random-weights`:
 //! seeded random weights with real shapes for benchmarks and parity tests. The engine knows no
-//! model: this module only dispatches to the packs by `model_type`.
+//! model: this module only dispatches to the packs' family table (`kern_packs::FAMILIES`) by
+//! `model_type` or GGUF architecture.
 
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// The packs this kern binary carries: model types → pack.
-const PACKS: &[(&str, &str)] = &[("qwen3", "qwen3 (packs/qwen3)"), ("qwen2", "qwen3 (packs/qwen3)")];
 
 /// Write a model's manifest from its Hugging Face config.json or from a GGUF file, with the
 /// pack for its model type.
 #[derive(clap::Args)]
-#[command(after_help = "Examples:\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B\n  kern pack --gguf qwen2.5-coder-0.5b-instruct-q4_k_m.gguf -o ~/models/qwen2.5-coder\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B --draft layer-skip:9 --draft-k 4\n\nWith --gguf, DIR gets model.json, the cubins, config.json (for reference) and a symbolic link to\nthe GGUF file (none when the file is already in DIR): kern loads the weights from it,\ndequantizing to bf16.")]
+#[command(after_help = "Families (packs/src/families; model_type → family):\n  qwen     qwen3, qwen2                 GGUF qwen3, qwen2   Qwen3 dense (q/k norm), Qwen2 / Qwen2.5 (QKV biases)\n  llama    llama, mistral               GGUF llama          Llama 2 / 3.x (llama3, linear, YaRN RoPE), SmolLM2, TinyLlama, Mistral (sliding window)\n  gemma3   gemma3_text, gemma3 (text)   GGUF gemma3         Gemma 3 text (sliding-window and global layers, (1 + w) norms, GeGLU)\n\nExamples:\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B\n  kern pack --gguf qwen2.5-coder-0.5b-instruct-q4_k_m.gguf -o ~/models/qwen2.5-coder\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B --draft layer-skip:9 --draft-k 4\n\nWith --gguf, DIR gets model.json, the cubins, config.json (for reference) and a symbolic link to\nthe GGUF file (none when the file is already in DIR): kern loads the weights from it,\ndequantizing to bf16.")]
 pub struct Args {
     /// The model's Hugging Face config.json.
     #[arg(long, conflicts_with = "gguf", required_unless_present = "gguf")]
     config: Option<PathBuf>,
     /// A GGUF file (llama.cpp / Ollama): the config comes from its metadata, the weights from
-    /// its tensors. Architectures: qwen2, qwen3.
+    /// its tensors. Architectures: qwen2, qwen3, llama, gemma3.
     #[arg(long)]
     gguf: Option<PathBuf>,
     /// Output directory (model.json and the cubins it references).
     #[arg(short, long)]
     out: PathBuf,
-    /// Directory with the pack's built kernels (packs/kernels/build.sh writes build/packs).
+    /// Directory with the packs' built kernels (packs/kernels/build.sh writes build/packs).
     #[arg(long, default_value = "build/packs")]
     kernels: PathBuf,
     /// Most new tokens in one step (the prefill chunk; the `tokens` var).
@@ -117,9 +116,9 @@ pub(crate) fn model_type(config: &Path) -> Result<String> {
     let text = std::fs::read_to_string(config).with_context(|| format!("cannot read {}", config.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", config.display()))?;
     let t = v["model_type"].as_str().ok_or_else(|| anyhow!("{}: no `model_type` field", config.display()))?;
-    if !PACKS.iter().any(|(m, _)| *m == t) {
-        let list: Vec<String> = PACKS.iter().map(|(m, p)| format!("{m} → {p}")).collect();
-        bail!("{}: model_type `{t}` has no pack in this kern; supported: {}", config.display(), list.join(", "));
+    if kern_packs::families::for_model_type(t).is_none() {
+        let list: Vec<String> = kern_packs::FAMILIES.iter().map(|f| format!("{} → {}", f.model_types.join(", "), f.name)).collect();
+        bail!("{}: model_type `{t}` has no family in this kern; supported: {}", config.display(), list.join("; "));
     }
     Ok(t.to_string())
 }
@@ -151,7 +150,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let config = args.config.as_ref().expect("clap requires --config without --gguf");
     let _ = model_type(config)?;
-    let cfg = kern_packs::Config::from_file(config)?;
+    let mut cfg = kern_packs::Config::from_file(config)?;
+    // A checkpoint beside the config may keep the decoder under another prefix than the
+    // family's default (a Gemma 3 checkpoint saved by a newer transformers).
+    if let Some(prefix) = config.parent().and_then(|d| kern_weights::Checkpoint::open(d).ok()).and_then(|c| decoder_prefix(&c, &cfg.tensor_prefix)) {
+        cfg.tensor_prefix = prefix;
+    }
     let path = kern_packs::generate(&cfg, &opts, &args.out)?;
     // The generated manifest must pass the same check `kern check` runs.
     let m = crate::check::load(&path, kern_binary::Arch::new(90))?;
@@ -160,12 +164,22 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The prefix of a checkpoint's decoder tensors (the one before `layers.0.input_layernorm.weight`)
+/// when it differs from `default`.
+fn decoder_prefix(ckpt: &kern_weights::Checkpoint, default: &str) -> Option<String> {
+    let names = ckpt.names();
+    if names.iter().any(|n| *n == format!("{default}layers.0.input_layernorm.weight")) {
+        return None;
+    }
+    names.iter().find_map(|n| n.strip_suffix("layers.0.input_layernorm.weight").map(str::to_string))
+}
+
 /// `kern pack --gguf FILE -o DIR`: config from the GGUF metadata, the manifest with GGUF tensor
 /// names, FILE linked into DIR, and every weight checked against the file's tensors.
 fn run_gguf(file: &Path, opts: &kern_packs::PackOptions, out: &Path) -> Result<ExitCode> {
     let ckpt = kern_weights::Checkpoint::open(file)?;
     let g = ckpt.gguf().ok_or_else(|| anyhow!("{}: not a GGUF file", file.display()))?;
-    let cfg = kern_packs::gguf::config(g, file)?;
+    let cfg = kern_packs::families::from_gguf(&ckpt, file).map_err(|e| anyhow!(e))?;
     let path = kern_packs::generate_for_gguf(&cfg, opts, out)?;
     let hf = serde_json::to_string_pretty(&cfg.to_hf_json())?;
     std::fs::write(out.join("config.json"), hf + "\n").with_context(|| format!("cannot write {}", out.join("config.json").display()))?;
@@ -259,8 +273,8 @@ pub struct RandomArgs {
     /// A config.json to take the shapes from.
     #[arg(long, conflicts_with = "preset", required_unless_present = "preset")]
     config: Option<PathBuf>,
-    /// A built-in shape: qwen3-0.6b, qwen3-4b, qwen3-8b, qwen2.5-0.5b, qwen2.5-1.5b.
-    #[arg(long)]
+    /// A built-in shape (real models' config.json values, e.g. llama-3.1-8b, gemma-3-4b).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(kern_packs::PRESETS.iter().map(|p| p.0)))]
     preset: Option<String>,
     /// Output directory.
     #[arg(short, long)]

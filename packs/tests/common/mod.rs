@@ -7,7 +7,7 @@ use std::path::PathBuf;
 pub fn kernels() -> PathBuf {
     let p = std::env::var_os("KERN_PACK_KERNELS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../build/packs"));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../build/packs"));
     assert!(p.join("rowwise.sm_90a.cubin").exists(), "pack kernels missing in {}: run packs/kernels/build.sh", p.display());
     p
 }
