@@ -44,9 +44,29 @@ pub fn with_prefix(hf: &str, prefix: &str) -> String {
     }
 }
 
+/// The prefix a checkpoint keeps its decoder tensors under (what comes before
+/// `layers.0.input_layernorm.weight`), when it is not `default`: Gemma 3 checkpoints are saved
+/// as `language_model.model.` by older and `model.language_model.` by newer transformers.
+pub fn decoder_prefix(names: &[&str], default: &str) -> Option<String> {
+    const ANCHOR: &str = "layers.0.input_layernorm.weight";
+    if names.iter().any(|n| n.strip_prefix(default) == Some(ANCHOR)) {
+        return None;
+    }
+    names.iter().find_map(|n| n.strip_suffix(ANCHOR)).map(str::to_string)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_the_checkpoints_decoder_prefix() {
+        let newer = ["model.language_model.layers.0.input_layernorm.weight", "model.vision_tower.x"];
+        assert_eq!(decoder_prefix(&newer, "language_model.model.").as_deref(), Some("model.language_model."));
+        let same = ["language_model.model.layers.0.input_layernorm.weight"];
+        assert_eq!(decoder_prefix(&same, "language_model.model."), None);
+        assert_eq!(decoder_prefix(&["lm_head.weight"], "model."), None);
+    }
 
     #[test]
     fn prefixes_only_the_decoder() {

@@ -103,7 +103,8 @@ fn packed(dir: &Path, models: &Path, kernels: &dyn Fn() -> Result<PathBuf>) -> R
         return Ok(out);
     }
     crate::pack::model_type(&config)?;
-    let cfg = kern_packs::Config::from_file(&config)?;
+    let mut cfg = kern_packs::Config::from_file(&config)?;
+    crate::pack::checkpoint_prefix(Some(&src), &mut cfg);
     let kernels = kernels()?;
     eprintln!("packing {} into {} (first use; `kern pack` does the same)", src.display(), out.display());
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;

@@ -153,9 +153,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let mut cfg = kern_packs::Config::from_file(config)?;
     // A checkpoint beside the config may keep the decoder under another prefix than the
     // family's default (a Gemma 3 checkpoint saved by a newer transformers).
-    if let Some(prefix) = config.parent().and_then(|d| kern_weights::Checkpoint::open(d).ok()).and_then(|c| decoder_prefix(&c, &cfg.tensor_prefix)) {
-        cfg.tensor_prefix = prefix;
-    }
+    checkpoint_prefix(config.parent(), &mut cfg);
     let path = kern_packs::generate(&cfg, &opts, &args.out)?;
     // The generated manifest must pass the same check `kern check` runs.
     let m = crate::check::load(&path, kern_binary::Arch::new(90))?;
@@ -164,14 +162,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The prefix of a checkpoint's decoder tensors (the one before `layers.0.input_layernorm.weight`)
-/// when it differs from `default`.
-fn decoder_prefix(ckpt: &kern_weights::Checkpoint, default: &str) -> Option<String> {
-    let names = ckpt.names();
-    if names.iter().any(|n| *n == format!("{default}layers.0.input_layernorm.weight")) {
-        return None;
+/// The decoder prefix of the checkpoint in `dir`, when one is there and differs from `cfg`'s.
+pub(crate) fn checkpoint_prefix(dir: Option<&Path>, cfg: &mut kern_packs::Config) {
+    let Some(ckpt) = dir.and_then(|d| kern_weights::Checkpoint::open(d).ok()) else { return };
+    if let Some(p) = kern_packs::gguf::decoder_prefix(&ckpt.names(), &cfg.tensor_prefix) {
+        cfg.tensor_prefix = p;
     }
-    names.iter().find_map(|n| n.strip_suffix("layers.0.input_layernorm.weight").map(str::to_string))
 }
 
 /// `kern pack --gguf FILE -o DIR`: config from the GGUF metadata, the manifest with GGUF tensor
@@ -334,6 +330,20 @@ mod tests {
         let p = std::env::var_os("KERN_PACK_KERNELS").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/packs"));
         assert!(p.join("rowwise.sm_90a.cubin").exists(), "pack kernels missing in {}: run packs/kernels/build.sh", p.display());
         p
+    }
+
+    /// `kern pack --help` lists every family of the table with its model types and GGUF
+    /// architectures (the list is written out in the help; this keeps it true).
+    #[test]
+    fn help_lists_every_family() {
+        use clap::CommandFactory;
+        let help = Cli::command().render_long_help().to_string();
+        for f in kern_packs::FAMILIES {
+            let line = help.lines().find(|l| l.trim_start().starts_with(&format!("{} ", f.name))).unwrap_or_else(|| panic!("no line for family {}: {help}", f.name));
+            for t in f.model_types.iter().chain(f.gguf_architectures) {
+                assert!(line.contains(t), "family {}: `{t}` missing from `{line}`", f.name);
+            }
+        }
     }
 
     /// `--draft` and `--draft-k` reach the pack options on both paths (--config, --gguf).
