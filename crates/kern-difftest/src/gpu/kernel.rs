@@ -91,10 +91,14 @@ impl Session<'_> {
                         let len = ma.buffer_bytes(*xa, &sh.va).map_err(|e| e.to_string())? as usize;
                         let ra = self.a.read_buffer(*xa, len).map_err(|e| rt_err("A", e))?;
                         let rb = self.b.read_buffer(*xb, len).map_err(|e| rt_err("B", e))?;
-                        let stats = compare(&ra, &rb, *dtype, &Tolerance::default_for(*dtype));
+                        // The bias gate judges the in-range distributions only: at the edges of
+                        // the range (near max: overflow; near the smallest normal: denormals
+                        // flushed or not) correct kernels legitimately differ in one direction.
+                        let gate = !matches!(dist, Dist::Zeros | Dist::Large | Dist::Tiny);
+                        let stats = numeric::compare_rows(&ra, &rb, *dtype, &Tolerance::default_for(*dtype), row_len(ma, *xa, &sh.va), gate);
                         let check = Check { shape: sh.name.clone(), dist: dist.name().into(), output: format!("#{j} `{}`", ma.buffers[xa.0].name), stats };
                         d.checks += 1;
-                        if !check.stats.pass {
+                        if !check.stats.ok() {
                             d.failures += 1;
                             if d.first_failure.is_none() {
                                 d.first_failure = Some(check.clone());

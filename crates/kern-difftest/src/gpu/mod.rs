@@ -5,7 +5,7 @@
 
 use crate::matching::labels;
 use crate::traffic;
-use crate::numeric::{self, classify, compare, Dist, LogitStats, PerfClass, Timing, Tolerance};
+use crate::numeric::{self, classify, Dist, LogitStats, PerfClass, Timing, Tolerance};
 use crate::pairing::{self, Analysis, Incomparable};
 use crate::report::{Check, Divergence, IntervalPair, MatchSummary, OpDiff, Perf, PerfRow, Precision, Report, StepPerf, StepPrecision};
 use kern_manifest::manifest::{Binding, BufferId, Manifest, StateId, Step as StepAbi};
@@ -17,9 +17,13 @@ use kern_sched::{BlockManager, SamplingParams, Scheduler, SchedulerConfig, Step}
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+mod floor;
 mod kernel;
 mod perf;
 mod precision;
+mod text;
+
+pub use text::parse_token_ids;
 
 /// What `kern test` is asked to do.
 #[derive(Clone, Debug)]
@@ -41,6 +45,32 @@ pub struct Options {
     pub perf_threshold: f64,
     /// Gate on the mean KL divergence of the logits.
     pub kl_mean_max: f64,
+    /// Measure the noise floor of an honest change (A′, [`crate::noise`]) and judge the
+    /// logits and greedy tokens against it (equal mode only).
+    pub noise_floor: bool,
+    /// Precision mode (`--precision`): an intentional change, judged by its budget.
+    pub precision: Option<PrecisionOptions>,
+}
+
+/// What precision mode is asked to do.
+#[derive(Clone, Debug)]
+pub struct PrecisionOptions {
+    pub gates: crate::precision::Gates,
+    /// A text file tokenized by the checkpoint's tokenizer (`--text`), or token ids (`--tokens`).
+    pub text: Option<PathBuf>,
+    pub tokens: Option<PathBuf>,
+    /// Tokens per window (the first half is context, the second half is scored) and at most
+    /// how many windows.
+    pub window: usize,
+    pub max_windows: usize,
+    /// Where the SVG plot goes.
+    pub plot: Option<PathBuf>,
+}
+
+impl Default for PrecisionOptions {
+    fn default() -> Self {
+        PrecisionOptions { gates: Default::default(), text: None, tokens: None, window: 256, max_windows: 8, plot: None }
+    }
 }
 
 impl Default for Options {
@@ -58,6 +88,8 @@ impl Default for Options {
             perf_reps: 20,
             perf_threshold: 0.05,
             kl_mean_max: 1e-2,
+            noise_floor: true,
+            precision: None,
         }
     }
 }
@@ -178,6 +210,8 @@ struct Session<'o> {
     base: HashMap<String, i64>,
     /// Token ids of a real text, when the checkpoint directory has a tokenizer.
     text: Option<Vec<u32>>,
+    /// Precision mode's text to score.
+    scoring: Option<text::TextPlan>,
 }
 
 fn rt_err(side: &str, e: RuntimeError) -> String {
@@ -262,6 +296,13 @@ impl<'o> Session<'o> {
         let max_context = pages_per_seq * page_tokens;
         let mut pages: usize = PROMPTS.iter().map(|&l| (l.min(max_context.saturating_sub(opts.decode_steps + 2)).max(1) + opts.decode_steps + 2).div_ceil(page_tokens)).sum();
         pages = pages.max(chunk.min(max_context).div_ceil(page_tokens)) + 2;
+        let scoring = match (&opts.precision, &ma.step) {
+            (Some(p), Some(_)) => Some(text::plan(p, &tok_dir, vocab, max_context, max_seqs, opts.seed, &mut notes)?),
+            _ => None,
+        };
+        if let Some(t) = &scoring {
+            pages = pages.max(t.pages(page_tokens) + 2);
+        }
         let plan_for = |m: &Manifest| -> Result<MemoryPlan, Incomparable> {
             let bare = plan::plan(m, &PlanOptions { budget: None, reserve: 0, max_pages: None }).map_err(|e| Incomparable(format!("{}: {e}", m.file.display())))?;
             let group: u64 = m
@@ -284,7 +325,7 @@ impl<'o> Session<'o> {
         }
         let a = Runtime::new(ctx, ma, pa).map_err(|e| Incomparable(rt_err("A", e)))?;
         let b = Runtime::new(ctx, mb, pb).map_err(|e| Incomparable(rt_err("B", e)))?;
-        Ok(Session { a, b, an, opts, states, notes, weights, pages, page_tokens, pages_per_seq, chunk, max_seqs, vocab, base, text })
+        Ok(Session { a, b, an, opts, states, notes, weights, pages, page_tokens, pages_per_seq, chunk, max_seqs, vocab, base, text, scoring })
     }
 
     fn vars(&self, m: &Manifest, over: &[(&str, i64)]) -> Vec<i64> {
@@ -402,6 +443,21 @@ impl<'o> Session<'o> {
             self.b.load_weights(ck, |_, _| {}).map_err(|e| rt_err("B: loading weights", e))?;
         }
         let perf_shapes = self.precision(report)?;
+        if let Some(p) = &self.opts.precision {
+            report.precision_mode = true;
+            let score = self.score_text()?;
+            let prec = report.precision.clone().unwrap_or_default();
+            let mut budget = crate::precision::budget(p.gates, &prec, score);
+            if let Some(path) = &p.plot {
+                let rows = crate::precision::layer_rows(&prec);
+                let title = format!("{} vs {}: error through the layers", self.opts.b.display(), self.opts.a.display());
+                match std::fs::write(path, crate::precision::plot(&rows, &title).to_svg()) {
+                    Ok(()) => budget.plot = Some(path.display().to_string()),
+                    Err(e) => self.notes.push(format!("the plot {}: {e}", path.display())),
+                }
+            }
+            report.budget = Some(budget);
+        }
         if self.opts.perf {
             report.perf = Some(self.perf(&perf_shapes)?);
         }
@@ -445,6 +501,15 @@ fn upload_step(rt: &Runtime, s: &StepAbi, st: &Step) -> Result<(), RuntimeError>
 
 fn read_i32(rt: &Runtime, b: BufferId, n: usize) -> Result<Vec<i32>, RuntimeError> {
     Ok(rt.read_buffer(b, n * 4)?.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+/// The row length of buffer `b` at `vars` (its last dimension; 0 for a vector): the blocks of
+/// the bias statistics.
+fn row_len(m: &Manifest, b: BufferId, vars: &[i64]) -> usize {
+    match m.shape(b, vars) {
+        Ok(s) if s.len() >= 2 => s.last().map_or(0, |&d| d.max(0) as usize),
+        _ => 0,
+    }
 }
 
 fn read_f32(rt: &Runtime, b: BufferId, n: usize) -> Result<Vec<f32>, RuntimeError> {

@@ -78,7 +78,9 @@ impl Session<'_> {
             }
             // Per op (1:1 intervals of one op) and per fusion / split.
             let add = |x: Option<u64>, y: Option<u64>| x.zip(y).map(|(x, y)| x + y);
-            let mut by: Vec<(String, f64, f64, Option<u64>, Option<u64>)> = Vec::new();
+            // Per op: (name, A ms, B ms, A bytes, B bytes).
+            type OpSum = (String, f64, f64, Option<u64>, Option<u64>);
+            let mut by: Vec<OpSum> = Vec::new();
             for (k, (iv, (a, b))) in ivs.iter().zip(&rows).enumerate() {
                 let oa: Vec<&str> = self.an.calls_a[iv.a.clone()].iter().map(|c| c.op.as_str()).collect();
                 let ob: Vec<&str> = self.an.calls_b[iv.b.clone()].iter().map(|c| c.op.as_str()).collect();
