@@ -99,14 +99,32 @@ impl FakeModel {
         if mask.allows(r, tok) {
             return Ok(tok);
         }
+        // Rank `k` among the allowed tokens, counted a word at a time.
         let vocab = self.info.vocab;
-        let bit = |t: usize| (words[t / 32] >> (t % 32)) & 1 == 1;
-        let count: usize = (0..vocab.min(words.len() * 32)).filter(|&t| bit(t)).count();
+        let word = |i: usize| {
+            let w = words[i];
+            let keep = vocab.saturating_sub(i * 32).min(32);
+            if keep == 32 { w } else { w & ((1u32 << keep) - 1) }
+        };
+        let n_words = words.len().min(vocab.div_ceil(32));
+        let count: usize = (0..n_words).map(|i| word(i).count_ones() as usize).sum();
         if count == 0 {
             return Err(ModelError(format!("row {r}: the token mask allows no token")));
         }
-        let k = (h >> 7) as usize % count;
-        Ok((0..vocab).filter(|&t| bit(t)).nth(k).expect("k < count") as u32)
+        let mut k = (h >> 7) as usize % count;
+        for i in 0..n_words {
+            let mut w = word(i);
+            let c = w.count_ones() as usize;
+            if k >= c {
+                k -= c;
+                continue;
+            }
+            for _ in 0..k {
+                w &= w - 1;
+            }
+            return Ok((i * 32) as u32 + w.trailing_zeros());
+        }
+        unreachable!("k < count")
     }
 
     /// A small model: `vocab` ids, steps of 64 tokens × 8 sequences, 4-token pages.
@@ -128,9 +146,11 @@ impl FakeModel {
     /// Logits whose argmax is `token`, with a spread of other values (deterministic).
     fn logits_row(&self, token: u32, ctx_hash: u64, out: &mut Vec<f32>) {
         let v = self.info.vocab;
+        // One multiply-xorshift per entry: rows are 150k wide in the tests, built every step.
         out.extend((0..v).map(|i| {
-            let h = fnv([ctx_hash, i as u64].into_iter());
-            -((h % 1000) as f32) / 250.0
+            let mut h = ctx_hash ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            h = (h ^ (h >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            -(((h >> 32) % 1000) as f32) / 250.0
         }));
         let base = out.len() - v;
         out[base + token as usize] = 4.0;

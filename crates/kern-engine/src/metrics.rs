@@ -45,6 +45,8 @@ pub struct Metrics {
     pub iteration_tokens: Histogram,
     pub prompt_len: Histogram,
     pub generation_len: Histogram,
+    pub mask_secs: Histogram,
+    pub mask_wait_secs: Histogram,
 }
 
 impl Default for Metrics {
@@ -89,6 +91,9 @@ impl Metrics {
             iteration_tokens: Histogram::new(exponential_buckets(1.0, 2.0, 15)),
             prompt_len: Histogram::new(exponential_buckets(1.0, 2.0, 18)),
             generation_len: Histogram::new(exponential_buckets(1.0, 2.0, 18)),
+            // 10 µs … ~0.6 s
+            mask_secs: Histogram::new(exponential_buckets(1e-5, 2.0, 17)),
+            mask_wait_secs: Histogram::new(exponential_buckets(1e-5, 2.0, 17)),
         };
         {
             let mut r = m.registry.lock().expect("fresh lock");
@@ -121,6 +126,8 @@ impl Metrics {
             r.register("kern:iteration_tokens_total", "Tokens per engine step", m.iteration_tokens.clone());
             r.register("kern:request_prompt_tokens", "Prompt tokens per request", m.prompt_len.clone());
             r.register("kern:request_generation_tokens", "Generated tokens per request", m.generation_len.clone());
+            r.register("kern:token_mask_seconds", "CPU time of one constrained row's token mask (on a mask thread)", m.mask_secs.clone());
+            r.register("kern:token_mask_wait_seconds", "Time a step waited for its token masks after it was scheduled (steps with constrained rows)", m.mask_wait_secs.clone());
         }
         m
     }

@@ -32,29 +32,39 @@ fn splitmix(mut x: u64) -> u64 {
 
 /// [`sample`] restricted to the tokens `mask` allows (bit `t % 32` of word `t / 32`; None:
 /// every token): a token the mask forbids is never chosen, greedy or sampled — the host's
-/// version of a sampler that honours the step ABI's `token_mask`.
+/// version of a sampler that honours the step ABI's `token_mask`. The truncations (top-k,
+/// top-p, min-p) apply to the allowed tokens, as they do when forbidden logits are -inf.
 pub fn sample_masked(row: &[f32], mask: Option<&[u32]>, s: &Sampling, seed: u64, position: u64) -> u32 {
     let Some(mask) = mask else { return sample(row, s, seed, position) };
-    let allowed = |i: usize| mask.get(i / 32).is_some_and(|w| (w >> (i % 32)) & 1 == 1);
-    // Forbidden logits become -inf; an allowed -inf or NaN logit is still preferred to them.
-    let masked: Vec<f32> = row.iter().enumerate().map(|(i, &x)| if !allowed(i) { f32::NEG_INFINITY } else if x.is_nan() || x == f32::NEG_INFINITY { f32::MIN } else { x }).collect();
-    let t = sample(&masked, s, seed, position);
-    if allowed(t as usize) {
-        return t;
+    let mut idx = Vec::new();
+    for (w, &bits) in mask.iter().enumerate() {
+        let mut b = bits;
+        while b != 0 {
+            let i = w * 32 + b.trailing_zeros() as usize;
+            b &= b - 1;
+            if i < row.len() {
+                idx.push(i);
+            }
+        }
     }
-    // Sampling drew a zero-weight token (top-k wider than the allowed set, at the end of the
-    // order): the best allowed token instead.
-    (0..row.len()).filter(|&i| allowed(i)).max_by(|&a, &b| masked[a].total_cmp(&masked[b]).then(b.cmp(&a))).unwrap_or(t as usize) as u32
+    if idx.is_empty() {
+        return sample(row, s, seed, position);
+    }
+    sample_among(row, idx, s, seed, position)
 }
 
 /// Samples from `row` with `s`'s truncations; `position` is the sampled token's position.
 /// Greedy (temperature 0) is the argmax, lowest id on ties.
 pub fn sample(row: &[f32], s: &Sampling, seed: u64, position: u64) -> u32 {
-    let argmax = || row.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32;
-    if s.temperature <= 0.0 || row.is_empty() {
+    sample_among(row, (0..row.len()).collect(), s, seed, position)
+}
+
+/// [`sample`] over the candidate ids `idx` (ascending) only.
+fn sample_among(row: &[f32], mut idx: Vec<usize>, s: &Sampling, seed: u64, position: u64) -> u32 {
+    let argmax = || idx.iter().fold((idx.first().copied().unwrap_or(0), f32::NEG_INFINITY), |b, &i| if row[i] > b.1 { (i, row[i]) } else { b }).0 as u32;
+    if s.temperature <= 0.0 || idx.is_empty() {
         return argmax();
     }
-    let mut idx: Vec<usize> = (0..row.len()).collect();
     idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
     if s.top_k > 0 {
         idx.truncate(s.top_k as usize);

@@ -278,7 +278,7 @@ impl<'t> Loop<'t> {
                 m.prompt_len.observe(req.prompt.len() as f64);
                 self.seq_of.insert(id, seq);
                 let host_sample = crate::engine::needs_host_sampling(&self.mi, &req);
-                let mut constraint = req.constraint.as_ref().map(SeqConstraint::new);
+                let mut constraint = req.constraint.as_ref().map(|c| SeqConstraint::new(c, self.inner.metrics.mask_secs.clone()));
                 if let Some(c) = constraint.as_mut() {
                     // Its first mask is computed while the prompt is.
                     c.prefetch(&self.masks);
@@ -365,6 +365,7 @@ impl<'t> Loop<'t> {
         }
         // Each sequence's masks in parallel (a verify group's rows one after another).
         use rayon::prelude::*;
+        let t0 = Instant::now();
         let results: Vec<(usize, Result<Vec<Vec<u32>>, String>)> = self.masks.install(|| {
             seqs.par_iter_mut()
                 .map(|(r, drafts, c)| {
@@ -378,6 +379,7 @@ impl<'t> Loop<'t> {
                 })
                 .collect()
         });
+        self.inner.metrics.mask_wait_secs.observe(t0.elapsed().as_secs_f64());
         let mut mask = TokenMask::free(step.num_seqs, self.mask_vocab);
         for (r, res) in results {
             match res {

@@ -54,6 +54,12 @@ pub struct CompiledGrammar {
     pub compile_secs: f64,
 }
 
+impl std::fmt::Debug for CompiledGrammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledGrammar").field("kind", &self.kind).field("compile_secs", &self.compile_secs).finish()
+    }
+}
+
 impl CompiledGrammar {
     /// A fresh matcher at the grammar's start (its own lexer cache: matchers of one grammar run
     /// on different threads without sharing a lock).

@@ -25,7 +25,7 @@ mod vocab;
 pub use compile::{CompiledGrammar, GrammarError, GrammarLimits, Grammars};
 pub use grammar::{Grammar, JsonOptions};
 pub use mask::{MaskPool, TokenMask};
-pub use vocab::KernTokEnv;
+pub use vocab::{token_bytes, KernTokEnv};
 
 use std::sync::Arc;
 

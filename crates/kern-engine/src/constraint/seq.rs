@@ -5,7 +5,9 @@
 use super::mask::MaskPool;
 use super::Constraint;
 use llguidance::Matcher;
+use prometheus_client::metrics::histogram::Histogram;
 use std::sync::mpsc;
+use std::time::Instant;
 
 type Computed = (Matcher, Result<Vec<u32>, String>);
 
@@ -31,6 +33,8 @@ pub(crate) enum Advance {
 
 pub(crate) struct SeqConstraint {
     slot: Slot,
+    /// Observes each mask's computation time.
+    timing: Histogram,
     gate: Vec<u32>,
     /// The last generated tokens while the gate is closed.
     tail: Vec<u32>,
@@ -38,8 +42,8 @@ pub(crate) struct SeqConstraint {
 }
 
 impl SeqConstraint {
-    pub fn new(c: &Constraint) -> SeqConstraint {
-        SeqConstraint { slot: Slot::Idle(c.grammar.matcher()), gate: c.start_after.clone(), tail: Vec::new(), open: c.start_after.is_empty() }
+    pub fn new(c: &Constraint, timing: Histogram) -> SeqConstraint {
+        SeqConstraint { slot: Slot::Idle(c.grammar.matcher()), timing, gate: c.start_after.clone(), tail: Vec::new(), open: c.start_after.is_empty() }
     }
 
     /// Whether the constraint applies to the next token.
@@ -56,8 +60,9 @@ impl SeqConstraint {
         if let Slot::Idle(_) = self.slot {
             let Slot::Idle(mut m) = std::mem::replace(&mut self.slot, Slot::Gone) else { unreachable!() };
             let (tx, rx) = mpsc::channel();
+            let timing = self.timing.clone();
             pool.spawn(move || {
-                let r = m.compute_mask().map(|v| v.as_slice().to_vec()).map_err(|e| e.to_string());
+                let r = timed(&timing, &mut m);
                 let _ = tx.send((m, r));
             });
             self.slot = Slot::Computing(rx);
@@ -87,7 +92,7 @@ impl SeqConstraint {
         self.settle()?;
         if let Slot::Idle(_) = self.slot {
             let Slot::Idle(mut m) = std::mem::replace(&mut self.slot, Slot::Gone) else { unreachable!() };
-            let r = m.compute_mask().map(|v| v.as_slice().to_vec()).map_err(|e| e.to_string());
+            let r = timed(&self.timing, &mut m);
             self.slot = Slot::Ready(m, r);
         }
         match &self.slot {
@@ -116,7 +121,7 @@ impl SeqConstraint {
             if m.is_stopped() {
                 break;
             }
-            out.push(m.compute_mask().map_err(|e| format!("the grammar failed: {e}"))?.as_slice().to_vec());
+            out.push(timed(&self.timing, m).map_err(|e| format!("the grammar failed: {e}"))?);
         }
         m.rollback(consumed).map_err(|e| format!("rolling the grammar back over rejected drafts: {e}"))?;
         Ok(out)
@@ -144,4 +149,12 @@ impl SeqConstraint {
         r.map_err(|e| format!("token {token} is not allowed by the grammar ({}): the model's sampler ignored the token mask", e.to_string().lines().next().unwrap_or_default()))?;
         Ok(if stopped { Advance::Complete } else { Advance::Open })
     }
+}
+
+/// The matcher's mask, its computation time observed.
+fn timed(h: &Histogram, m: &mut Matcher) -> Result<Vec<u32>, String> {
+    let t = Instant::now();
+    let r = m.compute_mask().map(|v| v.as_slice().to_vec()).map_err(|e| e.to_string());
+    h.observe(t.elapsed().as_secs_f64());
+    r
 }
