@@ -78,7 +78,7 @@ pub mod stats;
 pub mod svg;
 pub mod traffic;
 
-pub use gpu::{run, Options};
+pub use gpu::{run, Options, PrecisionOptions};
 pub use pairing::{analyze, Analysis, Incomparable};
 pub use render::{error_line, stats_line};
 pub use report::{Report, Verdict};

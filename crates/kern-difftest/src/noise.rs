@@ -33,13 +33,15 @@ pub const KL_RATIO: f64 = 2.0;
 /// …and above this.
 pub const KL_ABS: f64 = 1e-6;
 
-/// The elements where B's output differs from A's: their indices and `b − a`.
+/// The elements where B's output differs from A's: their indices and `b − a` (as f32: the
+/// difference of two bf16 values is exact in it, and a rounding of an f32 difference does not
+/// matter for noise).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct SparseError {
     /// Elements of the tensor.
     pub n: usize,
     pub idx: Vec<u32>,
-    pub err: Vec<f64>,
+    pub err: Vec<f32>,
 }
 
 impl SparseError {
@@ -51,7 +53,7 @@ impl SparseError {
             let e = y - x;
             if e != 0.0 && e.is_finite() {
                 s.idx.push(i as u32);
-                s.err.push(e);
+                s.err.push(e as f32);
             }
         }
         (!s.idx.is_empty()).then_some(s)
@@ -68,7 +70,7 @@ pub fn perturb(a: &[u8], dtype: DType, e: &SparseError, seed: u64) -> Option<Vec
     let mut rng = crate::numeric::Rng(seed);
     for (&i, &d) in e.idx.iter().zip(&e.err) {
         let s = if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
-        v[i as usize] += s * d;
+        v[i as usize] += s * f64::from(d);
     }
     kern_runtime::data::encode(&kern_runtime::data::Values::F64(v), dtype).ok()
 }

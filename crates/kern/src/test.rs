@@ -1,6 +1,8 @@
 //! `kern test a.json b.json`: kernel, precision and performance diff between two manifests of
-//! one model (crate `kern-difftest`). Exit 0 equal within tolerance, 1 a kernel or precision
-//! diff fails, 2 the manifests cannot be compared (the reason is printed).
+//! one model (crate `kern-difftest`). Exit 0 equal within tolerance and unbiased, 1 a kernel or
+//! precision diff fails, 2 the manifests cannot be compared (the reason is printed). With
+//! `--precision` (an intentional precision change): exit 0 within the budget's gates, 1 beyond
+//! one.
 
 use anyhow::Result;
 use kern_binary::Arch;
@@ -10,7 +12,7 @@ use std::process::ExitCode;
 /// Diff two manifests of one model: every shared op on identical inputs, the programs interval
 /// by interval (stops at the first call that diverges), logits and greedy tokens, and timings.
 #[derive(clap::Args)]
-#[command(after_help = "Exit status: 0 equal within tolerance, 1 a kernel or precision diff fails, 2 not comparable.\n\nExamples:\n  kern test model.json model.new.json --weights /path/to/checkpoint\n  kern test a.json b.json --json > diff.json\n  kern test a.json b.json --match-only      # no GPU: which intervals pair up")]
+#[command(after_help = "Exit status: 0 equal within tolerance and unbiased (with --precision: within every gate), 1 a kernel or precision diff fails (beyond a gate), 2 not comparable.\n\nExamples:\n  kern test model.json model.new.json --weights /path/to/checkpoint\n  kern test a.json b.json --json > diff.json\n  kern test a.json b.json --match-only      # no GPU: which intervals pair up\n  kern test bf16.json fp8.json --precision --text wiki.txt --json-out diff.json   # plot: diff.layers.svg")]
 pub struct Args {
     /// The reference manifest (A).
     a: PathBuf,
@@ -58,6 +60,50 @@ pub struct Args {
     /// Largest mean KL divergence of the logits that passes.
     #[arg(long, default_value_t = 1e-2)]
     kl_mean: f64,
+    /// Skip the noise-floor run (A again with B's local errors, signs randomized) that the
+    /// logits and greedy tokens are judged against.
+    #[arg(long)]
+    no_noise_floor: bool,
+    /// Precision mode: B is an intentional precision change (FP8, GGUF blocks, FP8 KV); no
+    /// per-element verdict, per-layer SNR and error growth, KL / top-1 / perplexity on a text.
+    #[arg(long)]
+    precision: bool,
+    /// --precision: largest mean KL(A‖B) over the text's positions.
+    #[arg(long, default_value_t = 1e-2, requires = "precision")]
+    max_kld: f64,
+    /// --precision: smallest top-1 agreement, percent.
+    #[arg(long, default_value_t = 90.0, requires = "precision")]
+    min_top1: f64,
+    /// --precision: largest perplexity increase of B over A, percent.
+    #[arg(long, default_value_t = 2.0, requires = "precision")]
+    max_ppl_increase: f64,
+    /// --precision: a text file to score, tokenized by the tokenizer.json next to the weights.
+    #[arg(long, value_name = "FILE", requires = "precision", conflicts_with = "tokens")]
+    text: Option<PathBuf>,
+    /// --precision: token ids to score (integers separated by spaces, newlines or commas).
+    #[arg(long, value_name = "FILE", requires = "precision")]
+    tokens: Option<PathBuf>,
+    /// --precision: tokens per window (the first half is context, the second half scored).
+    #[arg(long, default_value_t = 256, requires = "precision")]
+    window: usize,
+    /// --precision: at most this many windows (sequences side by side).
+    #[arg(long, default_value_t = 8, requires = "precision")]
+    windows: usize,
+    /// --precision: where the SVG plot of the error through the layers goes (default: beside
+    /// --json-out as NAME.layers.svg, else ./kern-test.layers.svg).
+    #[arg(long, value_name = "FILE", requires = "precision")]
+    plot: Option<PathBuf>,
+}
+
+/// The plot's default path: beside the JSON report, else in the working directory.
+fn plot_path(args: &Args) -> PathBuf {
+    if let Some(p) = &args.plot {
+        return p.clone();
+    }
+    match &args.json_out {
+        Some(j) => j.with_extension("layers.svg"),
+        None => PathBuf::from("kern-test.layers.svg"),
+    }
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -88,6 +134,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
             perf_reps: args.reps,
             perf_threshold: args.perf_threshold / 100.0,
             kl_mean_max: args.kl_mean,
+            noise_floor: !args.no_noise_floor,
+            precision: args.precision.then(|| kern_difftest::PrecisionOptions {
+                gates: kern_difftest::precision::Gates { max_kld: args.max_kld, min_top1: args.min_top1 / 100.0, max_ppl_increase: args.max_ppl_increase / 100.0 },
+                text: args.text.clone(),
+                tokens: args.tokens.clone(),
+                window: args.window,
+                max_windows: args.windows,
+                plot: Some(plot_path(&args)),
+            }),
         };
         kern_difftest::run(&opts)
     };
