@@ -286,3 +286,7 @@ pub fn stats_line(s: &Stats) -> String {
         s.rms
     )
 }
+
+#[cfg(test)]
+#[path = "render_tests.rs"]
+mod tests;
