@@ -8,11 +8,7 @@
 //   bash packs/kernels/verify/host_emu/run.sh
 #include "../../attention_decode.cu"
 
-// attention_emu.cpp: attention.cu's entries (another translation unit).
-extern "C" void attention_d128(kern::bf16*, const kern::bf16*, const kern::bf16*, const int*, const int*, const int*, int,
-                               int, int, int, int, int, int, int, int, float);
-extern "C" void attention_d64(kern::bf16*, const kern::bf16*, const kern::bf16*, const int*, const int*, const int*, int,
-                              int, int, int, int, int, int, int, int, float);
+#include "attention_entries.h"  // attention.cu's entries (attention_emu.cpp)
 
 #include <algorithm>
 #include <map>
@@ -111,10 +107,10 @@ static bool run_case(const Case& c, unsigned seed) {
     emu_launch(uint3_{(unsigned)T, (unsigned)Hkv, (unsigned)c.S}, 128, [&] {
         if (D == 128)
             attention_decode_d128(partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq,
-                                  Hkv, layer, layers, pt, scale, c.min_chunk, MC);
+                                  Hkv, layer, layers, pt, scale, c.min_chunk, MC, 0);
         else
             attention_decode_d64(partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq,
-                                 Hkv, layer, layers, pt, scale, c.min_chunk, MC);
+                                 Hkv, layer, layers, pt, scale, c.min_chunk, MC, 0);
     });
     emu_launch(uint3_{(unsigned)T, (unsigned)Hq, 1}, (unsigned)D, [&] {
         if (D == 128)
@@ -128,10 +124,10 @@ static bool run_case(const Case& c, unsigned seed) {
     emu_launch(uint3_{(unsigned)(cdiv(T, 32 / G) + Sb), (unsigned)Hkv, 1}, 128, [&] {
         if (D == 128)
             attention_d128(ap, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer, layers, pt,
-                           scale);
+                           scale, 0);
         else
             attention_d64(ap, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer, layers, pt,
-                          scale);
+                          scale, 0);
     });
     int single_rows = 0, single_diff = 0;
     // reference (fp64) and checks
@@ -276,10 +272,10 @@ static std::vector<std::vector<uint16_t>> inv_step(const InvFixture& f, const st
     emu_launch(uint3_{(unsigned)T, (unsigned)Hkv, (unsigned)Z}, 128, [&] {
         if (D == 128)
             attention_decode_d128(partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, f.max_pages, q_stride, Hq,
-                                  Hkv, f.layer, f.layers, f.pt, scale, f.min_chunk, f.max_chunks);
+                                  Hkv, f.layer, f.layers, f.pt, scale, f.min_chunk, f.max_chunks, 0);
         else
             attention_decode_d64(partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, f.max_pages, q_stride, Hq,
-                                 Hkv, f.layer, f.layers, f.pt, scale, f.min_chunk, f.max_chunks);
+                                 Hkv, f.layer, f.layers, f.pt, scale, f.min_chunk, f.max_chunks, 0);
     });
     emu_launch(uint3_{(unsigned)T, (unsigned)Hq, 1}, (unsigned)D, [&] {
         auto* op = reinterpret_cast<kern::bf16*>(out.data());

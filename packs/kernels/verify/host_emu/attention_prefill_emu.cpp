@@ -8,11 +8,7 @@
 //   bash packs/kernels/verify/host_emu/run.sh
 #include "../../attention_prefill.cu"
 
-// attention_emu.cpp: attention.cu's entries (another translation unit).
-extern "C" void attention_d128(kern::bf16*, const kern::bf16*, const kern::bf16*, const int*, const int*, const int*, int,
-                               int, int, int, int, int, int, int, int, float);
-extern "C" void attention_d64(kern::bf16*, const kern::bf16*, const kern::bf16*, const int*, const int*, const int*, int,
-                              int, int, int, int, int, int, int, int, float);
+#include "attention_entries.h"  // attention.cu's entries (attention_emu.cpp)
 
 #include <algorithm>
 #include <random>
@@ -102,10 +98,10 @@ bool run_case(const Case& c, unsigned seed) {
     emu_launch(uint3_{gx, (unsigned)Hkv, 1}, 128, [&] {
         if (D == 128)
             attention_prefill_d128(op, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer,
-                                   layers, pt, scale);
+                                   layers, pt, scale, 0);
         else
             attention_prefill_d64(op, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer,
-                                  layers, pt, scale);
+                                  layers, pt, scale, 0);
     });
     // attention_dD on the same inputs
     std::vector<uint16_t> att((size_t)T * Hq * D, BF_NAN);
@@ -113,10 +109,10 @@ bool run_case(const Case& c, unsigned seed) {
     emu_launch(uint3_{(unsigned)(cdiv(T, 32 / G) + Sb), (unsigned)Hkv, 1}, 128, [&] {
         if (D == 128)
             attention_d128(ap, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer, layers, pt,
-                           scale);
+                           scale, 0);
         else
             attention_d64(ap, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer, layers, pt,
-                          scale);
+                          scale, 0);
     });
     // fp64 reference and checks
     double err = 0, err_att = 0, diff = 0, mx = 0;

@@ -1,13 +1,19 @@
 // CUDA-on-the-CPU shim for running a kernel source's logic on the host (force-included before
-// it): one std::thread per CUDA thread of a CTA, CTAs one after another; __syncthreads is a
-// barrier over the CTA, warp shuffles / ballots / __syncwarp exchange through a per-warp buffer
-// between two warp barriers (so every lane of the warp must take part, as the kernels here
-// do: full masks only); __shared__ variables are function statics (one CTA at a time); cp.async
-// is a synchronous copy (kern_emu_cp_async16). Not a simulator of timing or memory ordering:
-// it checks indexing, control flow and arithmetic.
+// it): the threads of a CTA are fibers (user-mode contexts: one stack each, switched by hand on
+// x86-64, by swapcontext elsewhere) run by one OS thread, CTAs one after another. A fiber runs
+// until it waits at a barrier: __syncthreads waits for the CTA's threads, __syncwarp and the warp
+// collectives (shuffles / ballots, ldmatrix / mma below) for the warp's, exchanging values through
+// a per-warp buffer between two warp barriers (so every lane of the warp must take part, as the
+// kernels here do: full masks only). The scheduler resumes the waiting fibers in an order that
+// changes every pass (a fixed pseudo-random sequence: runs are deterministic, and a missing
+// barrier between a write and another thread's read shows up under some order); a pass in which
+// no fiber can move is a deadlock (a barrier some threads never reach) and aborts.
+// __shared__ variables are function statics (one CTA at a time); cp.async is a synchronous copy
+// (kern_emu_cp_async16). Not a simulator of timing or memory ordering: it checks indexing,
+// control flow and arithmetic. (Until 2026-12-03 every CUDA thread was a std::thread with
+// std::barrier: the same semantics, but thread creation and futex waits dominated the run time.)
 #pragma once
 #define KERN_HOST_EMU 1
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -15,8 +21,11 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
+#include <sys/mman.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
 
 #define __global__
 #define __device__
@@ -45,12 +54,109 @@ inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline float2 make_float2(float a, float b) { return {a, b}; }
 
-inline thread_local uint3_ threadIdx;
+// The running fiber's thread index (set by the scheduler before it resumes a fiber).
+inline uint3_ threadIdx;
 inline uint3_ blockIdx, gridDim, blockDim;
 
+// ------------------------------------------------------------------ fibers
+#if defined(__x86_64__)
+// kern_emu_switch(&save_sp, load_sp): saves the callee-saved registers, MXCSR and the x87 control
+// word on the current stack, stores its pointer in *save_sp, and resumes the context saved at
+// load_sp. Weak: emu.h is included by several translation units of one program.
+extern "C" void kern_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+    .text
+    .weak kern_emu_switch
+    .type kern_emu_switch, @function
+kern_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size kern_emu_switch, .-kern_emu_switch
+)");
+#endif
+
+struct EmuFiber {
+    unsigned tid = 0;
+    bool done = false;
+    unsigned char* stack = nullptr;  // lowest usable byte (a guard page lies below)
+#if defined(__x86_64__)
+    void* sp = nullptr;
+#else
+    ucontext_t uc;
+#endif
+};
+
+struct EmuSched {
+    std::vector<EmuFiber> fibers;
+    EmuFiber* cur = nullptr;
+#if defined(__x86_64__)
+    void* main_sp = nullptr;
+#else
+    ucontext_t main_uc;
+#endif
+    const std::function<void()>* kernel = nullptr;
+    uint64_t progress = 0;  // barrier arrivals and fiber ends: a pass without any is a deadlock
+    uint32_t rng = 0x9e3779b9u;
+    size_t stack_bytes = 0;
+};
+inline EmuSched* g_sched = nullptr;
+
+inline void emu_yield() {  // from a fiber back to the scheduler
+    EmuFiber* f = g_sched->cur;
+#if defined(__x86_64__)
+    kern_emu_switch(&f->sp, g_sched->main_sp);
+#else
+    swapcontext(&f->uc, &g_sched->main_uc);
+#endif
+}
+
+extern "C" inline void kern_emu_fiber_main() {
+    EmuFiber* f = g_sched->cur;
+    (*g_sched->kernel)();
+    f->done = true;
+    ++g_sched->progress;
+    for (;;) emu_yield();  // never resumed again
+}
+
+// A barrier over `expected` fibers: the last to arrive releases the others (a new generation).
+struct EmuBarrier {
+    int expected = 0, arrived = 0;
+    unsigned gen = 0;
+    explicit EmuBarrier(int n) : expected(n) {}
+    void arrive_and_wait() {
+        ++g_sched->progress;
+        if (++arrived == expected) {
+            arrived = 0;
+            ++gen;
+            return;
+        }
+        const unsigned g = gen;
+        while (gen == g) emu_yield();
+    }
+};
+
 struct EmuCta {
-    std::unique_ptr<std::barrier<>> block;
-    std::vector<std::unique_ptr<std::barrier<>>> warps;
+    std::unique_ptr<EmuBarrier> block;
+    std::vector<std::unique_ptr<EmuBarrier>> warps;
     std::vector<uint32_t> xbuf;  // 32 words per warp
 };
 inline EmuCta* g_cta = nullptr;
@@ -105,30 +211,96 @@ inline void kern_emu_cp_async16(void* smem, const void* gmem, int src_bytes) {
     if (src_bytes > 0) std::memcpy(smem, gmem, (size_t)src_bytes);
 }
 
-// Runs `kernel()` (a lambda calling the entry with its arguments) over grid x block.
+// Runs `kernel()` (a lambda calling the entry with its arguments) over grid x block: for each CTA,
+// `threads` fibers (one stack each, reused from CTA to CTA) until all have returned.
 inline void emu_launch(uint3_ grid, unsigned threads, const std::function<void()>& kernel) {
     gridDim = grid;
     blockDim = uint3_{threads, 1, 1};
+    const size_t page = 4096, stack_bytes = 512 * 1024;  // + a PROT_NONE guard page below each stack
+    EmuSched sched;
+    sched.kernel = &kernel;
+    sched.stack_bytes = stack_bytes;
+    sched.fibers.resize(threads);
+    unsigned char* arena = static_cast<unsigned char*>(
+        mmap(nullptr, (size_t)threads * (stack_bytes + page), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+    if (arena == MAP_FAILED) {
+        std::fprintf(stderr, "emu: mmap of %u fiber stacks failed\n", threads);
+        std::abort();
+    }
+    for (unsigned t = 0; t < threads; ++t) {
+        unsigned char* base = arena + (size_t)t * (stack_bytes + page);
+        mprotect(base, page, PROT_NONE);
+        sched.fibers[t].stack = base + page;
+        sched.fibers[t].tid = t;
+    }
+    EmuSched* prev = g_sched;
+    g_sched = &sched;
+    std::vector<unsigned> order(threads);
     for (unsigned z = 0; z < grid.z; ++z)
         for (unsigned y = 0; y < grid.y; ++y)
             for (unsigned x = 0; x < grid.x; ++x) {
                 blockIdx = uint3_{x, y, z};
                 EmuCta cta;
-                cta.block = std::make_unique<std::barrier<>>((std::ptrdiff_t)threads);
+                cta.block = std::make_unique<EmuBarrier>((int)threads);
                 for (unsigned w = 0; w < (threads + 31) / 32; ++w)
-                    cta.warps.push_back(std::make_unique<std::barrier<>>((std::ptrdiff_t)std::min(32u, threads - 32 * w)));
+                    cta.warps.push_back(std::make_unique<EmuBarrier>((int)std::min(32u, threads - 32 * w)));
                 cta.xbuf.assign(32 * cta.warps.size(), 0);
                 g_cta = &cta;
-                std::vector<std::thread> ts;
-                ts.reserve(threads);
-                for (unsigned t = 0; t < threads; ++t)
-                    ts.emplace_back([t, &kernel] {
-                        threadIdx = uint3_{t, 0, 0};
-                        kernel();
-                    });
-                for (auto& th : ts) th.join();
+                for (auto& f : sched.fibers) {
+                    f.done = false;
+#if defined(__x86_64__)
+                    // a fresh context: kern_emu_switch "returns" into kern_emu_fiber_main with the
+                    // stack aligned as after a call (rsp = 8 mod 16), default MXCSR and x87 control word
+                    uint64_t* top = reinterpret_cast<uint64_t*>(f.stack + stack_bytes);
+                    top[-1] = 0;                                                      // fake return address
+                    top[-2] = reinterpret_cast<uint64_t>(&kern_emu_fiber_main);        // ret target
+                    for (int r = 3; r <= 8; ++r) top[-r] = 0;                          // rbp rbx r12 r13 r14 r15
+                    top[-9] = (uint64_t)0x1f80u | ((uint64_t)0x037fu << 32);           // MXCSR, x87 CW
+                    f.sp = &top[-9];
+#else
+                    getcontext(&f.uc);
+                    f.uc.uc_stack.ss_sp = f.stack;
+                    f.uc.uc_stack.ss_size = stack_bytes;
+                    f.uc.uc_link = nullptr;
+                    makecontext(&f.uc, (void (*)())kern_emu_fiber_main, 0);
+#endif
+                }
+                unsigned live = threads;
+                for (unsigned t = 0; t < threads; ++t) order[t] = t;
+                while (live > 0) {
+                    const uint64_t before = sched.progress;
+                    // this pass's order: a Fisher-Yates shuffle by a fixed xorshift sequence
+                    for (unsigned i = threads; i > 1; --i) {
+                        sched.rng ^= sched.rng << 13;
+                        sched.rng ^= sched.rng >> 17;
+                        sched.rng ^= sched.rng << 5;
+                        const unsigned j = sched.rng % i;
+                        const unsigned tmp = order[i - 1];
+                        order[i - 1] = order[j];
+                        order[j] = tmp;
+                    }
+                    for (unsigned i = 0; i < threads; ++i) {
+                        EmuFiber& f = sched.fibers[order[i]];
+                        if (f.done) continue;
+                        sched.cur = &f;
+                        threadIdx = uint3_{f.tid, 0, 0};
+#if defined(__x86_64__)
+                        kern_emu_switch(&sched.main_sp, f.sp);
+#else
+                        swapcontext(&sched.main_uc, &f.uc);
+#endif
+                        if (f.done) --live;
+                    }
+                    if (live > 0 && sched.progress == before) {
+                        std::fprintf(stderr, "emu: deadlock in block (%u,%u,%u): %u threads wait at barriers the others never reach\n",
+                                     x, y, z, live);
+                        std::abort();
+                    }
+                }
                 g_cta = nullptr;
             }
+    g_sched = prev;
+    munmap(arena, (size_t)threads * (stack_bytes + page));
 }
 
 // ==================================================================== tensor-core warp collectives
