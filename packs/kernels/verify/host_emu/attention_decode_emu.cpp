@@ -1,23 +1,74 @@
-// Runs packs/kernels/attention_decode.cu on the CPU (emu.h) against an fp64 reference:
-// decode and verify rows, padded tokens and sequences, several chunk limits and grid z sizes and
-// both head dims; rows that take one chunk must be bit-identical to attention.cu's attention_dD
-// (run the same way). Then batch invariance: the same rows in steps of 1, 3, 8 and 64 rows, at
-// several grid z sizes and as verify rows must be bit-identical (run_invariance).
-// Checks the logic (token lookup, chunking, scratch layout, combine), not GPU behaviour.
+// Runs packs/kernels/attention_decode.cu on the CPU (emu.h) against an fp64 reference, with
+// attention.cu's attention_dD run the same way on the same inputs and checked against the same
+// reference: decode and verify rows, padded tokens and sequences, prefill chunks (mixed steps),
+// several chunk limits and grid z sizes, head dims 64, 128 and 256, and sliding windows (none, a
+// window shorter than the context, window 1, a window longer than the context) over contexts that
+// cross several 32-key tiles and the window's edge; rows that take one chunk must be
+// bit-identical to attention_dD's. Window 1: every output is the row's own V, exactly; a window
+// longer than every context: every output and scratch bit is the no-window run's. Then batch
+// invariance: the same rows in steps of 1, 3, 8 and 64 rows, at several grid z sizes and as verify
+// rows must be bit-identical (run_invariance), with and without a window.
+// Checks the logic (token lookup, chunking, window start, scratch layout, combine), not GPU behaviour.
 //
 //   bash packs/kernels/verify/host_emu/run.sh
 #include "../../attention_decode.cu"
-
 #include "attention_entries.h"  // attention.cu's entries (attention_emu.cpp)
 
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 
 static uint16_t bf(float f) { return __float2bfloat16_rn(f).x; }
 static float fb(uint16_t u) { return __bfloat162float(__nv_bfloat16{u}); }
 static const uint16_t BF_NAN = 0x7fc0;
+
+static int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+// attention_decode_dD (grid [T, Hkv, Z], block 128) and attention_combine_dD (grid [T, Hq], block D).
+static void emu_decode(int D, float* partial, const kern::bf16* q, const kern::bf16* kv, const int* bt, const int* sl,
+                       const int* qs, int Sb, int T, int max_pages, int q_stride, int Hq, int Hkv, int layer, int layers,
+                       int pt, float scale, int min_chunk, int max_chunks, int window, int Z) {
+    emu_launch(uint3_{(unsigned)T, (unsigned)Hkv, (unsigned)Z}, 128, [&] {
+        if (D == 256)
+            attention_decode_d256(partial, q, kv, bt, sl, qs, Sb, T, max_pages, q_stride, Hq, Hkv, layer, layers, pt, scale,
+                                  min_chunk, max_chunks, window);
+        else if (D == 128)
+            attention_decode_d128(partial, q, kv, bt, sl, qs, Sb, T, max_pages, q_stride, Hq, Hkv, layer, layers, pt, scale,
+                                  min_chunk, max_chunks, window);
+        else
+            attention_decode_d64(partial, q, kv, bt, sl, qs, Sb, T, max_pages, q_stride, Hq, Hkv, layer, layers, pt, scale,
+                                 min_chunk, max_chunks, window);
+    });
+}
+static void emu_combine(int D, kern::bf16* out, const float* partial, int T, int Hq) {
+    emu_launch(uint3_{(unsigned)T, (unsigned)Hq, 1}, (unsigned)D, [&] {
+        if (D == 256)
+            attention_combine_d256(out, partial, T, Hq);
+        else if (D == 128)
+            attention_combine_d128(out, partial, T, Hq);
+        else
+            attention_combine_d64(out, partial, T, Hq);
+    });
+}
+
+// The first key a row with causal limit `lim` (keys 0 .. lim-1) sees under the sliding window
+// `window` (<= 0: none): transformers' sliding mask keeps kv_idx > q_idx - window.
+static int first_key(int lim, int window) { return window > 0 ? std::max(0, lim - window) : 0; }
+
+// A row's chunking (attention_decode.cu): the chunks cover [kb, kmax), kb = the first visible key
+// rounded down to 32.
+struct Chunking {
+    int kb, chunk, n;
+};
+static Chunking dec_chunks(int kmax, int max_chunks, int min_chunk, int window) {
+    if (kmax <= 0) return {0, 32, 0};
+    const int kb = first_key(kmax, window) / 32 * 32;
+    const int mc = std::max(32, cdiv(min_chunk, 32) * 32);
+    const int chunk = std::max(mc, cdiv(cdiv(kmax - kb, max_chunks), 32) * 32);
+    return {kb, chunk, cdiv(kmax - kb, chunk)};
+}
 
 struct Case {
     std::string name;
@@ -27,12 +78,22 @@ struct Case {
     int pad_t, pad_s, S, min_chunk;            // S: the grid's z size
     std::vector<std::pair<int, int>> prefill;  // optional: (cached, new) sequences instead of rows
     int max_chunks = 0;                        // the kernel's max_chunks; 0: S
+    int window = 0;                            // the sliding window (<= 0: none)
+    bool need_blind = false;                   // the case must reach rows with no visible key in
+                                               // their first key tile and several first key tiles
 };
 
-static int cdiv(int a, int b) { return (a + b - 1) / b; }
+// Coverage of the sliding window in attention_dD's tiling (32 / G tokens per query tile, 32 keys
+// per key tile), counted from the step's shape as the kernel cuts it: query tiles whose first key
+// tile kt0 is above 0 (key tiles below the window skipped), sequences whose query tiles start at
+// different kt0, and rows with no visible key in their tile's first loaded key tile (their
+// softmax state must stay NaN-free through it).
+struct WindowCoverage {
+    int tiles_kt0 = 0, seqs_multi_kt0 = 0, blind_rows = 0, kb_rows = 0;
+};
 
 static bool run_case(const Case& c, unsigned seed) {
-    const int layers = 2, layer = 1, Hq = c.Hq, Hkv = c.Hkv, D = c.D, pt = c.pt, G = Hq / Hkv;
+    const int layers = 2, layer = 1, Hq = c.Hq, Hkv = c.Hkv, D = c.D, pt = c.pt, G = Hq / Hkv, W = c.window;
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.f, 1.f);
     // sequences: from rows (one token each, sharing a group's pages) or prefill specs
@@ -98,110 +159,140 @@ static bool run_case(const Case& c, unsigned seed) {
     for (auto& x : qkv) x = bf(nd(rng));
     const int MC = c.max_chunks ? c.max_chunks : c.S;
     const size_t nP = (size_t)cdiv(T, 4) * 4 + (size_t)MC * T * Hq * (D + 4);
-    std::vector<float> partial(nP + 64, NAN);
-    std::vector<uint16_t> out((size_t)(T + 1) * Hq * D, BF_NAN);
     const float scale = 1.0f / std::sqrt((float)D);
     auto* qp = reinterpret_cast<const kern::bf16*>(qkv.data());
     auto* kvp = reinterpret_cast<const kern::bf16*>(pool.data());
-    auto* op = reinterpret_cast<kern::bf16*>(out.data());
-    emu_launch(uint3_{(unsigned)T, (unsigned)Hkv, (unsigned)c.S}, 128, [&] {
-        if (D == 128)
-            attention_decode_d128(partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq,
-                                  Hkv, layer, layers, pt, scale, c.min_chunk, MC, 0);
-        else
-            attention_decode_d64(partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq,
-                                 Hkv, layer, layers, pt, scale, c.min_chunk, MC, 0);
-    });
-    emu_launch(uint3_{(unsigned)T, (unsigned)Hq, 1}, (unsigned)D, [&] {
-        if (D == 128)
-            attention_combine_d128(op, partial.data(), T, Hq);
-        else
-            attention_combine_d64(op, partial.data(), T, Hq);
-    });
-    // attention_dD on the same inputs: rows of one split must be bit-identical to it
-    std::vector<uint16_t> att((size_t)T * Hq * D, BF_NAN);
-    auto* ap = reinterpret_cast<kern::bf16*>(att.data());
-    emu_launch(uint3_{(unsigned)(cdiv(T, 32 / G) + Sb), (unsigned)Hkv, 1}, 128, [&] {
-        if (D == 128)
-            attention_d128(ap, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer, layers, pt,
-                           scale, 0);
-        else
-            attention_d64(ap, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer, layers, pt,
-                          scale, 0);
-    });
-    int single_rows = 0, single_diff = 0;
+    // the split path (+ 1 NaN guard row, 64 NaN floats past the scratch) and attention_dD on the
+    // same inputs, with the case's window
+    auto run = [&](int window, std::vector<float>& partial, std::vector<uint16_t>& out, std::vector<uint16_t>& att) {
+        partial.assign(nP + 64, NAN);
+        out.assign((size_t)(T + 1) * Hq * D, BF_NAN);
+        att.assign((size_t)(T + 1) * Hq * D, BF_NAN);
+        emu_decode(D, partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer,
+                   layers, pt, scale, c.min_chunk, MC, window, c.S);
+        emu_combine(D, reinterpret_cast<kern::bf16*>(out.data()), partial.data(), T, Hq);
+        emu_attention(D, reinterpret_cast<kern::bf16*>(att.data()), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T,
+                      max_pages, q_stride, Hq, Hkv, layer, layers, pt, scale, window);
+    };
+    std::vector<float> partial;
+    std::vector<uint16_t> out, att;
+    run(W, partial, out, att);
+    // a window longer than every context changes nothing: the no-window run's bits, scratch included
+    int longer_diff = -1;
+    if (W > 0 && W >= *std::max_element(gctx.begin(), gctx.end())) {
+        std::vector<float> p0;
+        std::vector<uint16_t> o0, a0;
+        run(0, p0, o0, a0);
+        longer_diff = (int)(o0 != out) + (int)(a0 != att) +
+                      (int)(std::memcmp(p0.data(), partial.data(), p0.size() * sizeof(float)) != 0);
+    }
+    int single_rows = 0, single_diff = 0, exact_v_diff = 0;
     // reference (fp64) and checks
-    double err = 0, mx = 0;
+    double err = 0, err_att = 0, mx = 0;
     int bad_hdr = 0, bad_pad = 0, bad_guard = 0, nonfinite = 0, max_act = 0;
+    WindowCoverage cov;
+    const int BQ = 32 / G;
     int t = 0;
     for (int s = 0; s < S; ++s) {
         const Seq& q = seqs[s];
+        std::set<int> kt0s;
+        for (int t0 = 0; t0 < q.n_new; t0 += BQ) {  // attention_dD's query tiles of this sequence
+            const int base_lim = q.ctx - q.n_new + t0 + 1;
+            const int kt0 = first_key(base_lim, W) / 32;
+            kt0s.insert(kt0);
+            cov.tiles_kt0 += kt0 > 0;
+            for (int tl = 0; tl < std::min(BQ, q.n_new - t0); ++tl)
+                cov.blind_rows += first_key(base_lim + tl, W) >= (kt0 + 1) * 32;
+        }
+        cov.seqs_multi_kt0 += kt0s.size() > 1;
         for (int i = 0; i < q.n_new; ++i, ++t) {
-            const int kmax = q.ctx - q.n_new + i + 1;
-            const int mc = std::max(32, cdiv(c.min_chunk, 32) * 32);
-            const int chunk = std::max(mc, cdiv(cdiv(kmax, MC), 32) * 32);
-            const int act = cdiv(kmax, chunk);
-            max_act = std::max(max_act, act);
-            if (partial[t] != (float)act) ++bad_hdr;
-            if (act == 1) {
+            const int kmax = q.ctx - q.n_new + i + 1, lo = first_key(kmax, W);
+            const Chunking ch = dec_chunks(kmax, MC, c.min_chunk, W);
+            cov.kb_rows += ch.kb > 0;
+            max_act = std::max(max_act, ch.n);
+            if (partial[t] != (float)ch.n) ++bad_hdr;
+            if (ch.n == 1) {
                 ++single_rows;
                 for (int e = 0; e < Hq * D; ++e) single_diff += out[(size_t)t * Hq * D + e] != att[(size_t)t * Hq * D + e];
             }
             for (int h = 0; h < Hq; ++h) {
                 const int kh = h / G;
-                std::vector<double> sc(kmax);
+                std::vector<double> sc(kmax - lo);
                 double m = -1e300;
-                for (int j = 0; j < kmax; ++j) {
+                for (int j = lo; j < kmax; ++j) {
                     double d = 0;
                     for (int e = 0; e < D; ++e)
                         d += (double)fb(qkv[(size_t)t * q_stride + (size_t)h * D + e]) * K[q.group][(size_t)j * row + kh * D + e];
-                    sc[j] = d * scale;
-                    m = std::max(m, sc[j]);
+                    sc[j - lo] = d * scale;
+                    m = std::max(m, sc[j - lo]);
                 }
                 double L = 0;
                 for (auto& x : sc) L += (x = std::exp(x - m));
                 for (int e = 0; e < D; ++e) {
                     double o = 0;
-                    for (int j = 0; j < kmax; ++j) o += sc[j] * V[q.group][(size_t)j * row + kh * D + e];
+                    for (int j = lo; j < kmax; ++j) o += sc[j - lo] * V[q.group][(size_t)j * row + kh * D + e];
                     o /= L;
-                    const float got = fb(out[((size_t)t * Hq + h) * D + e]);
-                    if (!std::isfinite(got)) ++nonfinite;
+                    const size_t idx = ((size_t)t * Hq + h) * D + e;
+                    const float got = fb(out[idx]), got_att = fb(att[idx]);
+                    if (!std::isfinite(got) || !std::isfinite(got_att)) ++nonfinite;
                     err = std::max(err, std::fabs(got - o));
+                    err_att = std::max(err_att, std::fabs(got_att - o));
                     mx = std::max(mx, std::fabs(o));
+                    if (W == 1) {  // one visible key (the row's own): its V, exactly
+                        const float v = V[q.group][(size_t)(kmax - 1) * row + kh * D + e];
+                        exact_v_diff += got != v || got_att != v;
+                    }
                 }
             }
         }
     }
     for (; t < T; ++t) {
         if (partial[t] != 0.f) ++bad_hdr;
-        for (int e = 0; e < Hq * D; ++e) bad_pad += out[(size_t)t * Hq * D + e] != 0 && out[(size_t)t * Hq * D + e] != 0x8000;
+        for (int e = 0; e < Hq * D; ++e) {
+            const size_t idx = (size_t)t * Hq * D + e;
+            bad_pad += (out[idx] != 0 && out[idx] != 0x8000) + (att[idx] != 0 && att[idx] != 0x8000);
+        }
     }
     for (int e = 0; e < Hq * D; ++e) bad_guard += out[(size_t)T * Hq * D + e] != BF_NAN;
+    for (int e = 0; e < Hq * D; ++e) bad_guard += att[(size_t)T * Hq * D + e] != BF_NAN;
     for (size_t e = nP; e < partial.size(); ++e) bad_guard += !std::isnan(partial[e]);
     const double tol = std::ldexp(mx, -7);
-    const bool ok = err <= tol && !bad_hdr && !bad_pad && !bad_guard && !nonfinite && !single_diff;
-    std::printf("[%s] %s: Hq=%d Hkv=%d D=%d page %d rows %d+%d Z=%d max_chunks %d min_chunk %d: max err %.3e (tol %.3e), up "
-                "to %d chunks, %d single-chunk rows %s attention_d%d%s%s%s%s\n",
-                ok ? "PASS" : "FAIL", c.name.c_str(), Hq, Hkv, D, pt, n_tok, c.pad_t, c.S, MC, c.min_chunk, err, tol, max_act,
-                single_rows, single_diff ? "NOT bit-identical to" : "bit-identical to", D,
+    const bool cov_ok = !c.need_blind || (cov.blind_rows > 0 && cov.seqs_multi_kt0 > 0);
+    const bool ok = err <= tol && err_att <= tol && !bad_hdr && !bad_pad && !bad_guard && !nonfinite && !single_diff &&
+                    !exact_v_diff && longer_diff <= 0 && cov_ok;
+    char wbuf[256] = "";
+    if (W > 0)
+        std::snprintf(wbuf, sizeof wbuf,
+                      " | window %d: %d rows' chunks start above key 0; attention_d%d: %d query tiles skip key tiles, %d "
+                      "sequences with several first key tiles, %d rows with no visible key in their first key tile%s%s%s",
+                      W, cov.kb_rows, D, cov.tiles_kt0, cov.seqs_multi_kt0, cov.blind_rows,
+                      W == 1 ? (exact_v_diff ? ", outputs NOT the row's own V" : ", outputs == the row's own V exactly") : "",
+                      longer_diff < 0 ? "" : (longer_diff ? ", NOT bit-identical to no window" : ", bit-identical to no window (outputs and scratch)"),
+                      cov_ok ? "" : " (COVERAGE MISSING)");
+    std::printf("[%s] %s: Hq=%d Hkv=%d D=%d page %d rows %d+%d Z=%d max_chunks %d min_chunk %d: max err %.3e (attention_d%d "
+                "%.3e; tol %.3e), up to %d chunks, %d single-chunk rows %s attention_d%d%s%s%s%s%s\n",
+                ok ? "PASS" : "FAIL", c.name.c_str(), Hq, Hkv, D, pt, n_tok, c.pad_t, c.S, MC, c.min_chunk, err, D, err_att, tol,
+                max_act, single_rows, single_diff ? "NOT bit-identical to" : "bit-identical to", D,
                 bad_hdr ? ", BAD HEADER" : "", bad_pad ? ", padded rows not zero" : "", bad_guard ? ", GUARD WRITTEN" : "",
-                nonfinite ? ", NON-FINITE" : "");
+                nonfinite ? ", NON-FINITE" : "", wbuf);
     return ok;
 }
 
 // ---- batch invariance: the same rows (same sequence KV, same position, same query) computed in
 // decode steps of 1, 3, 8 and 64 rows, with several grid z sizes, and as k + 1 consecutive
-// one-token rows of one sequence (a verify step), must give BIT-IDENTICAL outputs.
+// one-token rows of one sequence (a verify step), must give BIT-IDENTICAL outputs (with a sliding
+// window too: a row's chunks start at its window's first key rounded down to 32, the row's alone).
 struct InvFixture {
-    int Hq, Hkv, D, pt, max_chunks, min_chunk;
+    int Hq, Hkv, D, pt, max_chunks, min_chunk, window;
     int layers = 2, layer = 1, max_pages = 0;
     std::vector<int> gctx;                 // each group's KV length
     std::vector<std::vector<int>> gpages;  // each group's pages
     std::vector<uint16_t> pool;
 };
 
-static InvFixture inv_fixture(int Hq, int Hkv, int D, int pt, int max_chunks, std::vector<int> gctx, unsigned seed) {
-    InvFixture f{Hq, Hkv, D, pt, max_chunks, 64};
+static InvFixture inv_fixture(int Hq, int Hkv, int D, int pt, int max_chunks, int window, std::vector<int> gctx,
+                              unsigned seed) {
+    InvFixture f{Hq, Hkv, D, pt, max_chunks, 64, window};
     f.gctx = gctx;
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.f, 1.f);
@@ -269,21 +360,9 @@ static std::vector<std::vector<uint16_t>> inv_step(const InvFixture& f, const st
     const float scale = 1.0f / std::sqrt((float)D);
     auto* qp = reinterpret_cast<const kern::bf16*>(qkv.data());
     auto* kvp = reinterpret_cast<const kern::bf16*>(f.pool.data());
-    emu_launch(uint3_{(unsigned)T, (unsigned)Hkv, (unsigned)Z}, 128, [&] {
-        if (D == 128)
-            attention_decode_d128(partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, f.max_pages, q_stride, Hq,
-                                  Hkv, f.layer, f.layers, f.pt, scale, f.min_chunk, f.max_chunks, 0);
-        else
-            attention_decode_d64(partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, f.max_pages, q_stride, Hq,
-                                 Hkv, f.layer, f.layers, f.pt, scale, f.min_chunk, f.max_chunks, 0);
-    });
-    emu_launch(uint3_{(unsigned)T, (unsigned)Hq, 1}, (unsigned)D, [&] {
-        auto* op = reinterpret_cast<kern::bf16*>(out.data());
-        if (D == 128)
-            attention_combine_d128(op, partial.data(), T, Hq);
-        else
-            attention_combine_d64(op, partial.data(), T, Hq);
-    });
+    emu_decode(D, partial.data(), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, f.max_pages, q_stride, Hq, Hkv, f.layer,
+               f.layers, f.pt, scale, f.min_chunk, f.max_chunks, f.window, Z);
+    emu_combine(D, reinterpret_cast<kern::bf16*>(out.data()), partial.data(), T, Hq);
     for (size_t e = nP; e < partial.size(); ++e) bad += !std::isnan(partial[e]);
     for (size_t e = (size_t)n * Hq * D; e < out.size(); ++e) bad += out[e] != 0 && out[e] != 0x8000;
     std::vector<std::vector<uint16_t>> res;
@@ -313,9 +392,9 @@ static int inv_grid_z(int seqs, int hkv_model, int max_chunks) {
 }
 
 static bool run_invariance(const char* name, int Hq, int Hkv, int D, int max_chunks, int hkv_model, std::vector<int> ctxs,
-                           unsigned seed) {
+                           unsigned seed, int window = 0) {
     // group 0: a 4096-token sequence; group 1: a short one for filler rows
-    const InvFixture f = inv_fixture(Hq, Hkv, D, 16, max_chunks, {4096, 96}, seed);
+    const InvFixture f = inv_fixture(Hq, Hkv, D, 16, max_chunks, window, {4096, 96}, seed);
     auto Zs = [&](int seqs) { return inv_grid_z(seqs, hkv_model, max_chunks); };
     std::vector<InvRow> rows;
     for (int c : ctxs) rows.push_back({0, c});
@@ -386,9 +465,9 @@ static bool run_invariance(const char* name, int Hq, int Hkv, int D, int max_chu
         step(s, 2, 1, Zs((int)s.size()));
     }
     const bool ok = diff_rows == 0 && bad == 0 && compared > 0;
-    std::printf("[%s] batch invariance, %s: Hq=%d Hkv=%d D=%d max_chunks %d: %d steps of 1 to 64 rows, %d rows compared with "
-                "their first result (output and chunk records), %d not bit-identical%s\n",
-                ok ? "PASS" : "FAIL", name, Hq, Hkv, D, max_chunks, steps, compared, diff_rows,
+    std::printf("[%s] batch invariance, %s: Hq=%d Hkv=%d D=%d max_chunks %d window %d: %d steps of 1 to 64 rows, %d rows "
+                "compared with their first result (output and chunk records), %d not bit-identical%s\n",
+                ok ? "PASS" : "FAIL", name, Hq, Hkv, D, max_chunks, window, steps, compared, diff_rows,
                 bad ? ", GUARD WRITTEN or padded rows not zero" : "");
     return ok;
 }
@@ -416,6 +495,33 @@ int main() {
         {"Z=5 max_chunks 33, 4B-like group", 16, 4, 128, 16, {1000, 3000}, plain({1000, 3000}), 0, 0, 5, 64, {}, 33},
         {"Z=3 max_chunks 64 verify rows, D=64", 14, 2, 64, 16, {700}, {{0, 696}, {0, 697}, {0, 698}, {0, 699}, {0, 700}}, 1, 1, 3, 64, {}, 64},
         {"Z=40 > max_chunks 7", 8, 2, 64, 16, {500, 33}, plain({500, 33}), 0, 0, 40, 32, {}, 7},
+        // head_dim 256 (Gemma 3: attention_d256, attention_decode_d256 / combine_d256), no window
+        {"D=256 b=3 ctx 1/255/2000 + pad, Gemma3-4B-like G=2", 4, 2, 256, 16, {1, 255, 2000}, plain({1, 255, 2000}), 1, 1, 33, 64, {}, 33},
+        {"D=256 G=4 mixed prefill/decode step", 8, 2, 256, 16, {}, {}, 2, 1, 3, 64, {{30, 40}, {0, 1}, {100, 1}}, 33},
+        // sliding windows (the last fields: max_chunks, window, must reach rows with no visible key
+        // in their first key tile): decode rows around the window's edge ...
+        {"window 100: rows across key tiles and the window edge, D=128 G=2", 4, 2, 128, 16, {300},
+         {{0, 1}, {0, 31}, {0, 32}, {0, 33}, {0, 99}, {0, 100}, {0, 101}, {0, 131}, {0, 132}, {0, 133}, {0, 164}, {0, 299}, {0, 300}},
+         1, 1, 3, 64, {}, 33, 100},
+        {"window 1 (a row sees itself), D=64 G=4", 8, 2, 64, 16, {500}, {{0, 1}, {0, 2}, {0, 33}, {0, 64}, {0, 65}, {0, 500}}, 1, 0, 4,
+         64, {}, 64, 1},
+        {"window 5000 > every context, D=256 G=2", 4, 2, 256, 16, {1, 100, 1000}, plain({1, 100, 1000}), 0, 1, 5, 64, {}, 33, 5000},
+        {"window 37 (its edge inside key tiles), D=256 G=2", 4, 2, 256, 16, {1000},
+         {{0, 36}, {0, 37}, {0, 38}, {0, 69}, {0, 70}, {0, 71}, {0, 1000}}, 0, 0, 4, 64, {}, 33, 37},
+        {"window 200, Z=1 < chunks (one CTA streams them from the window's tile)", 8, 2, 128, 16, {1000, 3000},
+         plain({1000, 3000}), 0, 0, 1, 64, {}, 33, 200},
+        {"window 1024 (Gemma 3), max_chunks 64, D=256 G=2, Z=16", 4, 2, 256, 16, {1023, 1024, 1025, 3000},
+         plain({1023, 1024, 1025, 3000}), 0, 0, 16, 64, {}, 64, 1024},
+        // ... and prefill chunks (attention_dD's first key tile kt0 per query tile, rows with no visible
+        // key in it; the split path on every token of the step)
+        {"mixed step, window 50, D=128 G=2 (16 tokens per query tile)", 4, 2, 128, 16, {}, {}, 3, 2, 4, 64,
+         {{200, 70}, {0, 40}, {31, 1}, {500, 1}, {10, 33}}, 33, 50, true},
+        {"mixed step, window 20, D=64 G=1 (32 tokens per query tile)", 2, 2, 64, 16, {}, {}, 1, 1, 2, 64,
+         {{100, 65}, {7, 30}, {0, 1}}, 64, 20, true},
+        {"mixed step, window 45, D=256 G=4 (8 tokens per query tile)", 8, 2, 256, 16, {}, {}, 2, 0, 3, 64,
+         {{120, 40}, {0, 50}, {60, 1}}, 33, 45, true},
+        {"mixed step, window 1, D=128 G=8", 8, 1, 128, 16, {}, {}, 0, 1, 2, 64, {{40, 20}, {0, 9}, {5, 1}}, 33, 1},
+        {"mixed step, window 400 > every context, D=64 G=2", 4, 2, 64, 16, {}, {}, 1, 0, 3, 64, {{200, 70}, {0, 40}}, 64, 400},
     };
     int fails = 0, n = 0;
     for (auto& c : cases) {
@@ -427,7 +533,14 @@ int main() {
     // emulation's time goes by CTAs)
     fails += !run_invariance("4B-like chunking, D=128 G=4", 4, 1, 128, 33, 8, {1, 33, 64, 65, 255, 1000, 2049, 4000, 4096}, 77);
     fails += !run_invariance("0.5B-like chunking, D=64 G=7", 7, 1, 64, 64, 2, {1, 65, 300, 2049, 4096}, 78);
-    n += 2;
+    // with a sliding window: rows on both sides of its edge (their chunks start at the window's
+    // first key rounded down to 32), Qwen3-4B's chunking at D = 128 and Gemma 3 4B's (4 kv heads:
+    // max_chunks 64, window 1024) at D = 256
+    fails += !run_invariance("window 100, 4B-like chunking, D=128 G=4", 4, 1, 128, 33, 8,
+                             {1, 99, 100, 101, 132, 133, 1000, 2049, 4096}, 79, 100);
+    fails += !run_invariance("window 1024, Gemma3-4B-like chunking, D=256 G=2", 2, 1, 256, 64, 4,
+                             {1, 1023, 1024, 1025, 1056, 1057, 2049, 4096}, 80, 1024);
+    n += 4;
     std::printf("%d passed, %d failed\n", n - fails, fails);
     return fails ? 1 : 0;
 }

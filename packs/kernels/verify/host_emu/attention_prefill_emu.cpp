@@ -2,7 +2,11 @@
 // (emu.h, with its ldmatrix / mma.sync emulations) against an fp64 reference and against
 // attention.cu's attention_dD run the same way: prefill from empty, chunks over cached context,
 // decode rows mixed with prefill chunks, padded tokens and sequences, a -1 page inside a context,
-// G in {1, 2, 4, 7, 8, 16}, both head dims, page 16, grids smaller than the work.
+// G in {1, 2, 4, 7, 8, 16}, both head dims, page 16, grids smaller than the work; and sliding
+// windows (window 1: every output is the row's own V exactly; a window longer than every context:
+// the no-window run's bits; windows whose edges skip key tiles (kt0), leave warps without a
+// visible key in a tile (`active`), need masking where no causal limit crosses the tile (`diag`),
+// and rows without a visible key in their first key tile).
 // Checks the logic (fragment layouts, swizzle, masking, tiling, work mapping), not GPU timing.
 //
 //   bash packs/kernels/verify/host_emu/run.sh
@@ -28,7 +32,43 @@ struct Case {
     int pad_t, pad_s;
     int grid_x;      // 0: the manifest's ceil(tokens / BQ) + seqs
     bool hole;       // sequence 0's second page is -1 (its keys read as zeros)
+    int window = 0;  // the sliding window (<= 0: none)
+    bool need_cov = false;  // the case must reach every window path counted below
 };
+
+// The first key a row with causal limit `lim` sees under the sliding window (<= 0: none).
+int first_key(int lim, int window) { return window > 0 ? std::max(0, lim - window) : 0; }
+
+// The window's paths in attention_prefill's tiling (64 / G tokens per query tile, 16 rows per
+// warp, 64 keys per key tile), counted from the step's shape as the kernel cuts it.
+struct Coverage {
+    int tiles_kt0 = 0;        // query tiles whose first key tile is above 0 (tiles skipped)
+    int idle_warps = 0;       // (warp, key tile) pairs below the causal limit but wholly below the
+                              // window for the warp's rows: not `active`
+    int window_masks = 0;     // (warp, key tile) pairs masked only for the window's start (`diag`)
+    int blind_rows = 0;       // rows with no visible key in their query tile's first key tile
+};
+Coverage coverage(const std::vector<std::pair<int, int>>& spec, int G, int W) {
+    Coverage cv;
+    const int BQ = 64 / G, Wd = W > 0 ? W : (1 << 30);
+    for (auto [cached, n] : spec)
+        for (int t0 = 0; t0 < n; t0 += BQ) {
+            const int nq = std::min(BQ, n - t0), R = nq * G, base_lim = cached + t0 + 1, kmax = base_lim + nq - 1;
+            const int kt0 = first_key(base_lim, W) / 64, ntiles = cdiv(kmax, 64);
+            cv.tiles_kt0 += kt0 > 0;
+            for (int r = 0; r < R; ++r) cv.blind_rows += first_key(base_lim + r / G, W) >= (kt0 + 1) * 64;
+            for (int w = 0; w * 16 < R; ++w) {
+                const int w_lo = base_lim + w * 16 / G, w_hi = base_lim + std::min(w * 16 + 15, R - 1) / G;
+                for (int kt = kt0; kt < ntiles; ++kt) {
+                    const int kb = kt * 64;
+                    const bool active = kb < w_hi && kb + 64 > w_lo - Wd;
+                    cv.idle_warps += kb < w_hi && !active;
+                    cv.window_masks += active && !(kb + 64 > w_lo) && kb < w_hi - Wd;
+                }
+            }
+        }
+    return cv;
+}
 
 bool run_case(const Case& c, unsigned seed) {
     const int layers = 2, layer = 1, Hq = c.Hq, Hkv = c.Hkv, D = c.D, pt = c.pt, G = Hq / Hkv;
@@ -90,62 +130,70 @@ bool run_case(const Case& c, unsigned seed) {
     auto* qp = reinterpret_cast<const kern::bf16*>(qkv.data());
     auto* kvp = reinterpret_cast<const kern::bf16*>(pool.data());
 
-    // attention_prefill_dD (+ 1 NaN guard row)
-    std::vector<uint16_t> out((size_t)(T + 1) * Hq * D, BF_NAN);
-    auto* op = reinterpret_cast<kern::bf16*>(out.data());
+    const int W = c.window;
     const int BQ = 64 / G;
     const unsigned gx = c.grid_x ? (unsigned)c.grid_x : (unsigned)(cdiv(T, BQ) + Sb);
-    emu_launch(uint3_{gx, (unsigned)Hkv, 1}, 128, [&] {
-        if (D == 128)
-            attention_prefill_d128(op, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer,
-                                   layers, pt, scale, 0);
-        else
-            attention_prefill_d64(op, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer,
-                                  layers, pt, scale, 0);
-    });
-    // attention_dD on the same inputs
-    std::vector<uint16_t> att((size_t)T * Hq * D, BF_NAN);
-    auto* ap = reinterpret_cast<kern::bf16*>(att.data());
-    emu_launch(uint3_{(unsigned)(cdiv(T, 32 / G) + Sb), (unsigned)Hkv, 1}, 128, [&] {
-        if (D == 128)
-            attention_d128(ap, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer, layers, pt,
-                           scale, 0);
-        else
-            attention_d64(ap, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv, layer, layers, pt,
-                          scale, 0);
-    });
+    // attention_prefill_dD (+ 1 NaN guard row) and attention_dD on the same inputs
+    auto run = [&](int window, std::vector<uint16_t>& out, std::vector<uint16_t>& att) {
+        out.assign((size_t)(T + 1) * Hq * D, BF_NAN);
+        att.assign((size_t)T * Hq * D, BF_NAN);
+        auto* op = reinterpret_cast<kern::bf16*>(out.data());
+        emu_launch(uint3_{gx, (unsigned)Hkv, 1}, 128, [&] {
+            if (D == 128)
+                attention_prefill_d128(op, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv,
+                                       layer, layers, pt, scale, window);
+            else
+                attention_prefill_d64(op, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv,
+                                      layer, layers, pt, scale, window);
+        });
+        emu_attention(D, reinterpret_cast<kern::bf16*>(att.data()), qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T,
+                      max_pages, q_stride, Hq, Hkv, layer, layers, pt, scale, window);
+    };
+    std::vector<uint16_t> out, att;
+    run(W, out, att);
+    // a window longer than every context changes nothing: the no-window run's bits
+    int longer_diff = -1;
+    if (W > 0 && W >= *std::max_element(ctx.begin(), ctx.end())) {
+        std::vector<uint16_t> o0, a0;
+        run(0, o0, a0);
+        longer_diff = (int)(o0 != out) + (int)(a0 != att);
+    }
     // fp64 reference and checks
     double err = 0, err_att = 0, diff = 0, mx = 0;
-    int bad_pad = 0, bad_guard = 0, nonfinite = 0;
+    int bad_pad = 0, bad_guard = 0, nonfinite = 0, exact_v_diff = 0;
     int t = 0;
     for (int s = 0; s < S; ++s) {
         const int cached = c.spec[s].first, n = c.spec[s].second;
         for (int i = 0; i < n; ++i, ++t) {
-            const int kmax = cached + i + 1;
+            const int kmax = cached + i + 1, lo = first_key(kmax, W);
             for (int h = 0; h < Hq; ++h) {
                 const int kh = h / G;
-                std::vector<double> sc(kmax);
+                std::vector<double> sc(kmax - lo);
                 double m = -1e300;
-                for (int j = 0; j < kmax; ++j) {
+                for (int j = lo; j < kmax; ++j) {
                     double d = 0;
                     for (int e = 0; e < D; ++e)
                         d += (double)fb(qkv[(size_t)t * q_stride + (size_t)h * D + e]) * K[s][(size_t)j * row + kh * D + e];
-                    sc[j] = d * scale;
-                    m = std::max(m, sc[j]);
+                    sc[j - lo] = d * scale;
+                    m = std::max(m, sc[j - lo]);
                 }
                 double L = 0;
                 for (auto& x : sc) L += (x = std::exp(x - m));
                 for (int e = 0; e < D; ++e) {
                     double o = 0;
-                    for (int j = 0; j < kmax; ++j) o += sc[j] * V[s][(size_t)j * row + kh * D + e];
+                    for (int j = lo; j < kmax; ++j) o += sc[j - lo] * V[s][(size_t)j * row + kh * D + e];
                     o /= L;
                     const size_t idx = ((size_t)t * Hq + h) * D + e;
                     const float got = fb(out[idx]), ref_att = fb(att[idx]);
-                    if (!std::isfinite(got)) ++nonfinite;
+                    if (!std::isfinite(got) || !std::isfinite(ref_att)) ++nonfinite;
                     err = std::max(err, std::fabs(got - o));
                     err_att = std::max(err_att, std::fabs(ref_att - o));
                     diff = std::max(diff, (double)std::fabs(got - ref_att));
                     mx = std::max(mx, std::fabs(o));
+                    if (W == 1) {  // one visible key (the row's own): its V, exactly
+                        const float v = V[s][(size_t)(kmax - 1) * row + kh * D + e];
+                        exact_v_diff += got != v || ref_att != v;
+                    }
                 }
             }
         }
@@ -154,12 +202,24 @@ bool run_case(const Case& c, unsigned seed) {
         for (int e = 0; e < Hq * D; ++e) bad_pad += out[(size_t)t * Hq * D + e] != 0 && out[(size_t)t * Hq * D + e] != 0x8000;
     for (int e = 0; e < Hq * D; ++e) bad_guard += out[(size_t)T * Hq * D + e] != BF_NAN;
     const double tol = std::ldexp(mx, -7);
-    const bool ok = err <= tol && diff <= tol && !bad_pad && !bad_guard && !nonfinite;
+    const Coverage cv = coverage(c.spec, G, W);
+    const bool cov_ok = !c.need_cov || (cv.tiles_kt0 && cv.idle_warps && cv.window_masks && cv.blind_rows);
+    const bool ok = err <= tol && err_att <= tol && diff <= tol && !bad_pad && !bad_guard && !nonfinite && !exact_v_diff &&
+                    longer_diff <= 0 && cov_ok;
+    char wbuf[320] = "";
+    if (W > 0)
+        std::snprintf(wbuf, sizeof wbuf,
+                      " | window %d: %d query tiles skip key tiles, %d (warp, key tile) pairs idle below the window, %d masked for the "
+                      "window alone, %d rows with no visible key in their first key tile%s%s%s",
+                      W, cv.tiles_kt0, cv.idle_warps, cv.window_masks, cv.blind_rows,
+                      W == 1 ? (exact_v_diff ? ", outputs NOT the row's own V" : ", outputs == the row's own V exactly") : "",
+                      longer_diff < 0 ? "" : (longer_diff ? ", NOT bit-identical to no window" : ", bit-identical to no window"),
+                      cov_ok ? "" : " (COVERAGE MISSING)");
     std::printf("[%s] %s: Hq=%d Hkv=%d (G=%d) D=%d page %d seqs %d+%d tokens %d+%d grid.x %u: max err %.3e "
-                "(attention_d%d %.3e; |tc - simt| %.3e; tol %.3e)%s%s%s\n",
+                "(attention_d%d %.3e; |tc - simt| %.3e; tol %.3e)%s%s%s%s\n",
                 ok ? "PASS" : "FAIL", c.name.c_str(), Hq, Hkv, G, D, pt, S, c.pad_s, n_tok, c.pad_t, gx, err, D, err_att, diff,
                 tol, bad_pad ? ", padded rows not zero" : "", bad_guard ? ", GUARD WRITTEN" : "",
-                nonfinite ? ", NON-FINITE" : "");
+                nonfinite ? ", NON-FINITE" : "", wbuf);
     return ok;
 }
 
@@ -183,6 +243,14 @@ int main() {
         {"long chunk over 200 cached keys (5 key tiles)", 4, 1, 64, 16, {{200, 80}}, 0, 0, 0, false},
         {"G=1 over 10 cached keys (warps skip key tiles)", 1, 1, 128, 16, {{10, 128}}, 0, 0, 0, false},
         {"G=16 D=128 over 130 cached keys", 16, 1, 128, 16, {{130, 6}, {0, 1}}, 0, 0, 0, false},
+        // sliding windows (last fields: window, must reach every window path of the tiling)
+        {"window 50, chunks over cache + decode, G=2 D=128", 4, 2, 128, 16, {{200, 100}, {0, 70}, {31, 1}}, 2, 1, 0, false, 50, true},
+        {"window 20, G=1 D=64 (64 tokens per query tile)", 1, 1, 64, 16, {{170, 130}, {3, 20}}, 0, 0, 0, false, 20, true},
+        {"window 130, G=7 D=64, chunk over 300 cached keys + pad", 14, 2, 64, 16, {{300, 90}, {5, 40}}, 3, 1, 0, false, 130, true},
+        {"window 64 (one key tile), G=8 D=128", 8, 1, 128, 16, {{100, 40}, {0, 65}}, 0, 0, 0, false, 64},
+        {"window 1 (a row sees itself), G=4 D=128", 8, 2, 128, 16, {{70, 50}, {0, 20}, {9, 1}}, 1, 0, 0, false, 1},
+        {"window 100 > every context, G=2 D=64", 4, 2, 64, 16, {{10, 60}, {0, 30}}, 1, 1, 0, false, 100},
+        {"window 40, grid.x = 1, a -1 page at the window's start", 8, 2, 64, 16, {{60, 50}, {0, 9}}, 2, 1, 1, true, 40},
     };
     int fails = 0, n = 0;
     for (auto& c : cases) {
