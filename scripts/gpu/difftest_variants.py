@@ -2,7 +2,7 @@
 """Variant manifests of a Qwen pack manifest for `kern test` (scripts/gpu/difftest.sh).
 
     python3 scripts/gpu/difftest_variants.py MODEL_DIR [--kernels build/packs]
-        [--split-layer 5] [--bad-layer 7] [--bad-eps 1.0]
+        [--split-layer 5] [--bad-layer 7] [--bad-eps 1.0] [--eps-layer 7] [--eps 1e-2 1e-3]
 
 Reads MODEL_DIR/model.json (written by `kern pack`) and writes next to it, so module paths and
 the default weights stay the same:
@@ -17,6 +17,12 @@ the default weights stay the same:
   model.gemm.json      the decoder's four projections (qkv_proj, o_proj, gate_up_proj,
                        down_proj) on the general mma.sync GEMM `gemm_bf16` (gemm_bf16.cu) for
                        every M, instead of the GEMV / skinny / wgmma launches chosen by M (case d)
+  model.eps<E>.json    for each --eps E (default 1e-2 and 1e-3; file names model.eps1e-2.json,
+                       model.eps1e-3.json): layer --eps-layer's post-attention norm
+                       (`lL.post_attention_norm`, op add_rms_norm) through a copy of the op
+                       (`add_rms_norm_eps1em2`, …) whose epsilon is E instead of the config's —
+                       within a few ulps per element, but every row shrunk alike: the bias the
+                       statistics of `kern test` must name (issue 28)
 
 and copies the cubins the variants add (elementwise, gemm_bf16) from --kernels into MODEL_DIR.
 Standard library only. Prints one line per file; exits 1 with the reason when the manifest is
@@ -97,6 +103,29 @@ def bad_eps(base, layer, eps):
     return m, good
 
 
+def eps_variant(base, layer, eps):
+    """Layer `layer`'s post-attention add + RMSNorm with epsilon `eps`."""
+    m = copy.deepcopy(base)
+    label = f"l{layer}.post_attention_norm"
+    call = m["program"]["calls"][call_index(m, label)]
+    if call["op"] != "add_rms_norm":
+        die(f"call {label} runs op {call['op']}, expected add_rms_norm (pack with --residual bf16 and --decode-fusion off)")
+    op = copy.deepcopy(m["ops"]["add_rms_norm"])
+    good = const(op["impl"]["launches"][0]["args"][6], "f32")
+    op["impl"]["launches"][0]["args"][6] = {"f32": eps}
+    name = "add_rms_norm_eps" + eps_tag(eps).replace("-", "m").replace(".", "p")
+    m["ops"][name] = op
+    call["op"] = name
+    return m, good, name
+
+
+def eps_tag(eps):
+    """1e-2 for 0.01: the file name's spelling of an epsilon."""
+    mantissa, exp = f"{eps:e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exp)}"
+
+
 def gemm(base, model_dir, kernels):
     m = copy.deepcopy(base)
     add_module(m, model_dir, kernels, "gemm_bf16")
@@ -121,6 +150,8 @@ def main():
     ap.add_argument("--split-layer", type=int, default=5)
     ap.add_argument("--bad-layer", type=int, default=7)
     ap.add_argument("--bad-eps", type=float, default=1.0)
+    ap.add_argument("--eps-layer", type=int, default=7)
+    ap.add_argument("--eps", type=float, nargs="*", default=[1e-2, 1e-3])
     a = ap.parse_args()
     src = a.model_dir / "model.json"
     if not src.exists():
@@ -140,6 +171,9 @@ def main():
     m, good = bad_eps(base, a.bad_layer, a.bad_eps)
     print(f"{write('model.bad-eps.json', m)}: l{a.bad_layer}.input_norm with epsilon {a.bad_eps} (the model's is {good})")
     print(f"{write('model.gemm.json', gemm(base, a.model_dir, a.kernels))}: qkv/o/gate_up/down projections on gemm_bf16 for every M")
+    for eps in a.eps:
+        m, good, name = eps_variant(base, a.eps_layer, eps)
+        print(f"{write(f'model.eps{eps_tag(eps)}.json', m)}: l{a.eps_layer}.post_attention_norm with epsilon {eps} (op {name}; the model's is {good})")
 
 
 if __name__ == "__main__":

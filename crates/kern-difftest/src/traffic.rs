@@ -8,7 +8,10 @@
 //! `ptr` is read if it is a weight or an input, else read and written (the matching's rule).
 //! Not counted: state pools (the KV cache) — which pages and how much of a pool a call
 //! touches belongs to its kernels — and re-reads a kernel makes of the same buffer. So the
-//! count is the traffic a perfect kernel needs for its buffers: a floor, not a measurement.
+//! count is the traffic a perfect kernel needs for its buffers: a floor, not a measurement —
+//! except for gathers, which the manifest cannot tell apart: an embedding lookup is counted as
+//! reading its whole table (its row in the report shows it; compare its two sides, not its
+//! GB/s).
 
 use kern_manifest::manifest::{Binding, Manifest};
 use kern_manifest::{OpParam, Role};

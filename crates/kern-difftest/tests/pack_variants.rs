@@ -230,3 +230,52 @@ fn the_fused_decode_program_pairs_with_the_unfused_one_as_fusions() {
     }
     std::fs::remove_dir_all(&base).ok();
 }
+
+#[test]
+fn a_wrong_post_attention_eps_is_one_1_to_1_interval_at_its_call_at_two_sizes() {
+    // Issue 28's variants (scripts/gpu/difftest.sh cases g, h): eps 1e-2 and 1e-3 in one
+    // layer's post-attention norm, at the Qwen3-0.6B and Qwen3-1.7B shapes. The matching must
+    // isolate the call, so the interval comparison names exactly it.
+    for (preset_name, layer) in [("qwen3-0.6b", 7), ("qwen3-1.7b", 18)] {
+        let out = std::env::temp_dir().join(format!("kern-difftest-eps-{}-{preset_name}", std::process::id()));
+        generate(&preset(preset_name).unwrap(), &PackOptions { kernels: kernels(), residual: Residual::Bf16, ..Default::default() }, &out).unwrap();
+        let st = Command::new("python3")
+            .arg(root().join("scripts/gpu/difftest_variants.py"))
+            .arg(&out)
+            .args(["--kernels", kernels().to_str().unwrap(), "--eps-layer", &layer.to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let a = load(&out.join("model.json"), &CheckOptions::default()).unwrap();
+        for (file, op) in [("model.eps1e-2.json", "add_rms_norm_eps1em2"), ("model.eps1e-3.json", "add_rms_norm_eps1em3")] {
+            let b = load(&out.join(file), &CheckOptions::default()).unwrap_or_else(|d| panic!("{file}: {d}"));
+            let an = analyze(&a, &b).unwrap();
+            assert!(non_one_to_one(&an).is_empty(), "{preset_name} {file}");
+            assert_eq!(an.only_b, vec![op.to_string()], "{preset_name} {file}");
+            let label = format!("l{layer}.post_attention_norm");
+            let iv = an.matching.intervals.iter().find(|i| an.calls_a[i.a.start].label == label).unwrap();
+            assert_eq!((an.calls_a[iv.a.start].op.as_str(), an.calls_b[iv.b.start].op.as_str()), ("add_rms_norm", op));
+            // Its outputs: the normalized `h` and the residual `x` (in place), both compared.
+            let names: Vec<&str> = iv.outputs.iter().map(|&c| an.commons[c].name.as_str()).collect();
+            assert!(names.contains(&"h") && names.contains(&"x"), "{names:?}");
+            // The eps is the launch's last argument, and only it changed.
+            let (oa, ob) = (&a.ops[a.ops.iter().position(|o| o.name == "add_rms_norm").unwrap()], &b.ops[b.ops.iter().position(|o| o.name == op).unwrap()]);
+            assert_eq!(oa.launches[0].args[..6], ob.launches[0].args[..6]);
+            assert_ne!(oa.launches[0].args[6], ob.launches[0].args[6]);
+        }
+        std::fs::remove_dir_all(&out).ok();
+    }
+}
+
+#[test]
+fn bytes_moved_by_a_decode_gemv_are_its_weight_input_and_output() {
+    // l0.gate_up_proj at one token: the [2·3072, 1024] bf16 weight, the h row in, the gate_up
+    // row out; the null bias moves nothing. A whole decode step moves at least all weights.
+    let m = manifest("model.json");
+    let i = m.programs[0].calls.iter().position(|c| c.label == "l0.gate_up_proj").unwrap();
+    let vars: Vec<i64> = m.vars.iter().map(|v| if v.name == "tokens" || v.name == "seqs" { 1 } else { v.max }).collect();
+    assert_eq!(kern_difftest::traffic::call_bytes(&m, 0, i, &vars), Some(2 * 3072 * 1024 * 2 + 1024 * 2 + 2 * 3072 * 2));
+    let weights: u64 = m.buffers.iter().filter(|b| b.role == kern_manifest::Role::Weight && !matches!(b.source, Some(kern_manifest::manifest::WeightSource::Alias(_)))).map(|b| b.bytes_at_max).sum();
+    let step = kern_difftest::traffic::range_bytes(&m, 0..m.programs[0].calls.len(), &vars).unwrap();
+    assert!(step >= weights, "{step} < {weights}");
+}
