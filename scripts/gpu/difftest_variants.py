@@ -2,7 +2,7 @@
 """Variant manifests of a Qwen pack manifest for `kern test` (scripts/gpu/difftest.sh).
 
     python3 scripts/gpu/difftest_variants.py MODEL_DIR [--kernels build/packs]
-        [--split-layer 5] [--bad-layer 7] [--bad-eps 1.0] [--eps-layer 7] [--eps 1e-2 1e-3]
+        [--split-layer 5] [--bad-layer 7] [--bad-eps 1.0] [--eps-layer 7 [18 …]] [--eps 1e-2 1e-3]
 
 Reads MODEL_DIR/model.json (written by `kern pack`) and writes next to it, so module paths and
 the default weights stay the same:
@@ -17,8 +17,8 @@ the default weights stay the same:
   model.gemm.json      the decoder's four projections (qkv_proj, o_proj, gate_up_proj,
                        down_proj) on the general mma.sync GEMM `gemm_bf16` (gemm_bf16.cu) for
                        every M, instead of the GEMV / skinny / wgmma launches chosen by M (case d)
-  model.eps<E>.json    for each --eps E (default 1e-2 and 1e-3; file names model.eps1e-2.json,
-                       model.eps1e-3.json): layer --eps-layer's post-attention norm
+  model.l<L>.eps<E>.json  for each --eps-layer L (default 7) and --eps E (default 1e-2 and 1e-3;
+                       e.g. model.l7.eps1e-2.json, model.l7.eps1e-3.json): layer L's post-attention norm
                        (`lL.post_attention_norm`, op add_rms_norm) through a copy of the op
                        (`add_rms_norm_eps1em2`, …) whose epsilon is E instead of the config's —
                        within a few ulps per element, but every row shrunk alike: the bias the
@@ -150,7 +150,7 @@ def main():
     ap.add_argument("--split-layer", type=int, default=5)
     ap.add_argument("--bad-layer", type=int, default=7)
     ap.add_argument("--bad-eps", type=float, default=1.0)
-    ap.add_argument("--eps-layer", type=int, default=7)
+    ap.add_argument("--eps-layer", type=int, nargs="+", default=[7])
     ap.add_argument("--eps", type=float, nargs="*", default=[1e-2, 1e-3])
     a = ap.parse_args()
     src = a.model_dir / "model.json"
@@ -171,9 +171,10 @@ def main():
     m, good = bad_eps(base, a.bad_layer, a.bad_eps)
     print(f"{write('model.bad-eps.json', m)}: l{a.bad_layer}.input_norm with epsilon {a.bad_eps} (the model's is {good})")
     print(f"{write('model.gemm.json', gemm(base, a.model_dir, a.kernels))}: qkv/o/gate_up/down projections on gemm_bf16 for every M")
-    for eps in a.eps:
-        m, good, name = eps_variant(base, a.eps_layer, eps)
-        print(f"{write(f'model.eps{eps_tag(eps)}.json', m)}: l{a.eps_layer}.post_attention_norm with epsilon {eps} (op {name}; the model's is {good})")
+    for layer in a.eps_layer:
+        for eps in a.eps:
+            m, good, name = eps_variant(base, layer, eps)
+            print(f"{write(f'model.l{layer}.eps{eps_tag(eps)}.json', m)}: l{layer}.post_attention_norm with epsilon {eps} (op {name}; the model's is {good})")
 
 
 if __name__ == "__main__":

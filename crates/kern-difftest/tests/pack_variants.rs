@@ -247,8 +247,9 @@ fn a_wrong_post_attention_eps_is_one_1_to_1_interval_at_its_call_at_two_sizes() 
             .unwrap();
         assert!(st.success());
         let a = load(&out.join("model.json"), &CheckOptions::default()).unwrap();
-        for (file, op) in [("model.eps1e-2.json", "add_rms_norm_eps1em2"), ("model.eps1e-3.json", "add_rms_norm_eps1em3")] {
-            let b = load(&out.join(file), &CheckOptions::default()).unwrap_or_else(|d| panic!("{file}: {d}"));
+        for (eps, op) in [("1e-2", "add_rms_norm_eps1em2"), ("1e-3", "add_rms_norm_eps1em3")] {
+            let file = format!("model.l{layer}.eps{eps}.json");
+            let b = load(&out.join(&file), &CheckOptions::default()).unwrap_or_else(|d| panic!("{file}: {d}"));
             let an = analyze(&a, &b).unwrap();
             assert!(non_one_to_one(&an).is_empty(), "{preset_name} {file}");
             assert_eq!(an.only_b, vec![op.to_string()], "{preset_name} {file}");
