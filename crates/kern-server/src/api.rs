@@ -1,7 +1,11 @@
 //! The handlers: request JSON → engine requests → OpenAI response JSON or SSE.
 
+use crate::chat_out::{self, Shape};
 use crate::error::ApiError;
 use crate::protocol::{self, Common, Fields, Prompt};
+use crate::structured::{self, Requested};
+use crate::tools::{self, Choice as ToolChoice};
+use kern_engine::constraint::Constraint;
 use crate::{AppState, Shared};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -136,7 +140,7 @@ struct Job {
     prompt_tokens: usize,
 }
 
-fn submit(s: &Shared, prompts: &[Vec<u32>], c: &Common, max_tokens: &dyn Fn(usize) -> usize, logprobs: Option<usize>, arrival: Instant) -> ApiResult<Job> {
+fn submit(s: &Shared, prompts: &[Vec<u32>], c: &Common, max_tokens: &dyn Fn(usize) -> usize, logprobs: Option<usize>, arrival: Instant, constraint: Option<Constraint>) -> ApiResult<Job> {
     if s.draining.load(Ordering::SeqCst) {
         return Err(ApiError::unavailable("the server is shutting down and takes no new requests", 30));
     }
@@ -158,13 +162,23 @@ fn submit(s: &Shared, prompts: &[Vec<u32>], c: &Common, max_tokens: &dyn Fn(usiz
                 skip_special_tokens: c.skip_special_tokens,
                 return_logits: false,
                 arrival,
-                constraint: None,
+                constraint: constraint.clone(),
             };
             // An error drops the handles submitted so far, which aborts them.
             handles.push(s.engine.submit(req)?);
         }
     }
     Ok(Job { handles, prompt_tokens: prompts.iter().map(Vec::len).sum() })
+}
+
+/// Compiles a request's grammar on the blocking pool (never on the async workers, never in the
+/// engine loop); its problems are 400s naming the field it came from.
+async fn compile(s: &Shared, r: Requested, start_after: Vec<u32>) -> ApiResult<Constraint> {
+    let engine = s.engine.clone();
+    let g = r.grammar;
+    let compiled = tokio::task::spawn_blocking(move || engine.compile(&g)).await.map_err(|e| ApiError::internal(format!("compiling the grammar: {e}")))?;
+    let grammar = compiled.map_err(|e| ApiError::bad(r.field, e.to_string()))?;
+    Ok(Constraint { grammar, start_after })
 }
 
 async fn collect(mut h: RequestHandle) -> ApiResult<Choice> {
@@ -246,7 +260,7 @@ fn chat_logprobs(s: &Shared, lps: &[TokenLogprob]) -> Value {
 /// The streamed response: each choice's events as chunks, then usage (if asked) and `[DONE]`.
 /// The stream owns the handles: a client that goes away drops it, and the requests abort.
 #[allow(clippy::too_many_arguments)]
-fn sse(state: AppState, job: Job, api: Api, rid: String, model: String, created: u64, c: &Common, echo: Vec<String>, logprobs: bool, token_ids: bool) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+fn sse(state: AppState, job: Job, api: Api, rid: String, model: String, created: u64, c: &Common, echo: Vec<String>, logprobs: bool, token_ids: bool, shape: Option<Shape>) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let (include_usage, continuous) = (c.include_usage, c.continuous_usage);
     let n_choices = job.handles.len();
     let prompt_tokens = job.prompt_tokens;
@@ -283,6 +297,8 @@ fn sse(state: AppState, job: Job, api: Api, rid: String, model: String, created:
                 yield Ok(chunk(json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}), None));
             }
         }
+        // Chat outputs with reasoning or tool calls are taken apart as they stream.
+        let mut shapers: Vec<Option<chat_out::Stream>> = (0..n_choices).map(|_| shape.as_ref().filter(|sh| !sh.plain()).map(chat_out::Stream::new)).collect();
         let mut merged = stream::select_all(per);
         while let Some((i, e)) = merged.next().await {
             let cont = |done: &[usize], cached: usize| continuous.then(|| usage(prompt_tokens, done.iter().sum(), cached));
@@ -295,6 +311,21 @@ fn sse(state: AppState, job: Job, api: Api, rid: String, model: String, created:
                     }
                     let lpv = if !logprobs { Value::Null } else if api == Api::Chat { chat_logprobs(sh, &lps) } else { completion_logprobs(sh, &lps, offsets[i]) };
                     offsets[i] += text.len();
+                    if let Some(st) = shapers[i].as_mut() {
+                        let mut deltas = st.push(&text);
+                        if deltas.is_empty() && (lpv != Value::Null || token_ids) {
+                            deltas.push(json!({"content": ""}));
+                        }
+                        let (mut lpv, mut tids) = (Some(lpv), token_ids.then(|| json!(tokens)));
+                        for d in deltas {
+                            let mut choice = json!({"index": i, "delta": d, "logprobs": lpv.take().unwrap_or(Value::Null), "finish_reason": null});
+                            if let Some(t) = tids.take() {
+                                choice["token_ids"] = t;
+                            }
+                            yield Ok(chunk(choice, cont(&completion, cached)));
+                        }
+                        continue;
+                    }
                     let mut choice = if api == Api::Chat {
                         json!({"index": i, "delta": {"content": text}, "logprobs": lpv, "finish_reason": null})
                     } else {
@@ -307,8 +338,15 @@ fn sse(state: AppState, job: Job, api: Api, rid: String, model: String, created:
                 }
                 Some(Event::Finished { reason, stop_reason: sr, cached_tokens, .. }) => {
                     cached += cached_tokens;
+                    let mut finish = reason.as_str();
+                    if let Some(st) = shapers[i].as_mut() {
+                        for d in st.finish() {
+                            yield Ok(chunk(json!({"index": i, "delta": d, "logprobs": null, "finish_reason": null}), None));
+                        }
+                        finish = st.finish_reason(reason);
+                    }
                     let choice = if api == Api::Chat {
-                        json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": reason.as_str(), "stop_reason": stop_reason(&sr)})
+                        json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": finish, "stop_reason": stop_reason(&sr)})
                     } else {
                         json!({"index": i, "text": "", "logprobs": null, "finish_reason": reason.as_str(), "stop_reason": stop_reason(&sr)})
                     };
@@ -346,6 +384,7 @@ pub async fn completions(AxState(state): AxState<AppState>, body: Result<Bytes, 
     let echo = f.bool("echo", false)?;
     let logprobs = f.int_in("logprobs", 0, s.cfg.max_logprobs as i64)?.map(|x| x as usize);
     let add_special = f.bool("add_special_tokens", true)?;
+    let requested = structured::parse(f.get("response_format"), f.get("structured_outputs"))?;
     f.neutral("suffix", protocol::is_empty, "no suffix / fill-in-the-middle")?;
     f.neutral("return_tokens_as_token_ids", |v| v == &Value::Bool(false), "tokens are returned as text")?;
     let token_ids = f.bool("return_token_ids", false)?;
@@ -376,10 +415,14 @@ pub async fn completions(AxState(state): AxState<AppState>, body: Result<Bytes, 
         let pt: usize = ids.iter().map(Vec::len).sum();
         return Ok(Json(json!({"id": rid, "object": "text_completion", "created": s.created, "model": model, "choices": choices, "usage": usage(pt, 0, 0)})).into_response());
     }
-    let job = submit(s, &ids, &c, &|_| max_tokens, logprobs, arrival)?;
+    let constraint = match requested {
+        Some(r) => Some(compile(s, r, vec![]).await?),
+        None => None,
+    };
+    let job = submit(s, &ids, &c, &|_| max_tokens, logprobs, arrival, constraint)?;
     let created = unix_now();
     if c.stream {
-        return Ok(sse(state.clone(), job, Api::Completions, rid, model, created, &c, echo_text, logprobs.is_some(), token_ids).into_response());
+        return Ok(sse(state.clone(), job, Api::Completions, rid, model, created, &c, echo_text, logprobs.is_some(), token_ids, None).into_response());
     }
     let (choices, usage) = finish_job(job, token_ids, |i, ch, reason, sr| {
         let text = format!("{}{}", echo_text[i], ch.text);
@@ -446,9 +489,9 @@ fn check_messages(v: Option<&Value>) -> ApiResult<Value> {
     Ok(Value::Array(msgs.clone()))
 }
 
-fn render_chat(s: &Shared, messages: &Value, add_generation_prompt: bool, kwargs: Option<&Map<String, Value>>) -> ApiResult<String> {
+fn render_chat(s: &Shared, messages: &Value, tools: Option<&Value>, add_generation_prompt: bool, kwargs: Option<&Map<String, Value>>) -> ApiResult<String> {
     let t = s.cfg.chat_template.as_ref().ok_or_else(|| ApiError::bad("messages", "this model has no chat template (no `chat_template` in tokenizer_config.json): start `kern serve` with --chat-template FILE, or use /v1/completions"))?;
-    t.render(messages, None, add_generation_prompt, kwargs).map_err(|e| ApiError::bad("messages", format!("the chat template refused the conversation: {e}")))
+    t.render(messages, tools, add_generation_prompt, kwargs).map_err(|e| ApiError::bad("messages", format!("the chat template refused the conversation: {e}")))
 }
 
 pub async fn chat(AxState(state): AxState<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
@@ -473,29 +516,58 @@ pub async fn chat(AxState(state): AxState<AppState>, body: Result<Bytes, BytesRe
         Some(Value::Object(o)) => Some(o),
         Some(_) => return Err(ApiError::bad("chat_template_kwargs", "`chat_template_kwargs` must be an object")),
     };
-    f.neutral("tools", protocol::is_empty, "tool calls are not parsed")?;
-    f.neutral("tool_choice", |v| v == "none" || v == "auto", "tool calls are not parsed")?;
-    f.neutral("parallel_tool_calls", |v| v.is_boolean(), "tool calls are not parsed")?;
-    f.neutral("functions", protocol::is_empty, "function calls are not parsed")?;
-    f.neutral("response_format", |v| v.get("type").and_then(Value::as_str) == Some("text"), "no structured output")?;
+    let tool_req = tools::parse_request(f.get("tools"), f.get("tool_choice"), f.get("parallel_tool_calls"))?;
+    f.neutral("functions", protocol::is_empty, "the legacy `functions` field: use `tools`")?;
+    f.neutral("function_call", |_| false, "the legacy `function_call` field: use `tool_choice`")?;
+    let requested = structured::parse(f.get("response_format"), f.get("structured_outputs"))?;
     f.neutral("echo", |v| v == &Value::Bool(false), "chat does not echo")?;
     let token_ids = f.bool("return_token_ids", false)?;
     f.finish()?;
     let model = check_model(s, &c.model)?;
-    let text = render_chat(s, &messages, add_generation_prompt, kwargs)?;
+    // Tool calls are parsed in the model's own format; without one, tools cannot be served.
+    let tool_format = match &tool_req {
+        Some(t) if t.choice != ToolChoice::None => Some(s.cfg.tool_format.clone().ok_or_else(|| ApiError::bad("tools", "this model's chat template writes no tool-call format kern can parse: start `kern serve` with --tool-call-parser hermes if the model writes <tool_call> JSON, or send tool_choice: none"))?),
+        _ => None,
+    };
+    let text = render_chat(s, &messages, tool_req.as_ref().map(|t| &t.raw), add_generation_prompt, kwargs)?;
     let ids = encode(s, "messages", &text, add_special)?;
+    // A reasoning block: open in the prompt, closed by it (thinking off), or to be opened by
+    // the model; a constraint starts after it.
+    let reasoning = s.cfg.reasoning.then(|| crate::reasoning::open_in_prompt(&text));
+    let thinks = s.cfg.reasoning && !crate::reasoning::closed_in_prompt(&text);
+    let gate = if thinks { encode(s, "messages", crate::reasoning::CLOSE, false)? } else { vec![] };
+    let forced = match (&tool_req, &tool_format) {
+        (Some(t), Some(fmt)) if matches!(t.choice, ToolChoice::Required | ToolChoice::Named(_)) => {
+            if requested.is_some() {
+                return Err(ApiError::bad("tool_choice", "`tool_choice` required or a named function decides the output's form: drop `response_format` / `structured_outputs`, or use tool_choice auto"));
+            }
+            let chosen: Vec<tools::Tool> = match &t.choice {
+                ToolChoice::Named(n) => t.tools.iter().filter(|x| &x.name == n).cloned().collect(),
+                _ => t.tools.clone(),
+            };
+            let parallel = t.parallel && t.choice == ToolChoice::Required;
+            Some(Requested { grammar: kern_engine::constraint::Grammar::Lark(fmt.grammar(&chosen, parallel)), field: "tools".into() })
+        }
+        _ => requested,
+    };
+    let constraint = match forced {
+        Some(r) => Some(compile(s, r, gate).await?),
+        None => None,
+    };
+    let shape = Shape { reasoning, tools: tool_format };
     let limit = max_model_len(s)?;
     let asked = max_completion.or(max_tokens_field).map(|x| x as usize);
     let logprobs = want_logprobs.then(|| top.unwrap_or(0) as usize);
-    let job = submit(s, std::slice::from_ref(&ids), &c, &|p| asked.unwrap_or(limit.saturating_sub(p).max(1)), logprobs, arrival)?;
+    let job = submit(s, std::slice::from_ref(&ids), &c, &|p| asked.unwrap_or(limit.saturating_sub(p).max(1)), logprobs, arrival, constraint)?;
     let rid = id("chatcmpl");
     let created = unix_now();
     if c.stream {
-        return Ok(sse(state.clone(), job, Api::Chat, rid, model, created, &c, vec![], logprobs.is_some(), token_ids).into_response());
+        return Ok(sse(state.clone(), job, Api::Chat, rid, model, created, &c, vec![], logprobs.is_some(), token_ids, Some(shape)).into_response());
     }
     let (choices, usage) = finish_job(job, token_ids, |i, ch, reason, sr| {
         let lpv = if logprobs.is_some() { chat_logprobs(s, &ch.logprobs) } else { Value::Null };
-        json!({"index": i, "message": {"role": "assistant", "content": ch.text, "tool_calls": []}, "logprobs": lpv, "finish_reason": reason.as_str(), "stop_reason": sr})
+        let (message, finish) = chat_out::message(&shape, &ch.text, reason);
+        json!({"index": i, "message": message, "logprobs": lpv, "finish_reason": finish, "stop_reason": sr})
     })
     .await?;
     Ok(Json(json!({"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices, "usage": usage})).into_response())
@@ -517,8 +589,9 @@ pub async fn tokenize(AxState(state): AxState<AppState>, body: Result<Bytes, Byt
             Some(Value::Object(o)) => Some(o),
             Some(_) => return Err(ApiError::bad("chat_template_kwargs", "`chat_template_kwargs` must be an object")),
         };
+        let tools = f.get("tools").filter(|t| t.as_array().is_some_and(|a| !a.is_empty()));
         f.finish()?;
-        let text = render_chat(s, &messages, agp, kwargs)?;
+        let text = render_chat(s, &messages, tools, agp, kwargs)?;
         encode(s, "messages", &text, add_special)?
     } else {
         let prompt = f.string("prompt")?.ok_or_else(|| ApiError::bad("prompt", "give `prompt` (text) or `messages`"))?;

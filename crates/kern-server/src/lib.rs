@@ -2,7 +2,9 @@
 //!
 //! `POST /v1/completions`, `POST /v1/chat/completions` (both streaming as SSE or not),
 //! `GET /v1/models`, `GET /health`, `GET /version`, `POST /tokenize`, `POST /detokenize`,
-//! `GET /metrics`. Requests are parsed into checked values (`protocol`), turned into engine
+//! `GET /metrics`. Structured output (`response_format`, `structured_outputs`), tools
+//! (`tools`, `tool_choice`; calls parsed from the model's own format) and reasoning blocks
+//! (`reasoning_content`). Requests are parsed into checked values (`protocol`), turned into engine
 //! requests (one per prompt × `n`), and their events into OpenAI's JSON. Errors become HTTP
 //! statuses in one place (`error`). A handler dropped mid-way — a client that disconnects —
 //! drops its request handles, which aborts the requests and frees their KV pages.
@@ -13,8 +15,12 @@
 //! [`serve`] returns [`Outcome::EngineFailed`] so the process exits non-zero.
 
 mod api;
+mod chat_out;
 mod error;
 pub mod protocol;
+pub mod reasoning;
+mod structured;
+pub mod tools;
 
 pub use error::ApiError;
 pub use protocol::SamplingDefaults;
@@ -45,6 +51,12 @@ pub struct ServerConfig {
     pub root: String,
     /// Largest request body accepted; a larger one gets 413 in OpenAI's error shape.
     pub max_body_bytes: usize,
+    /// The model's tool-call format (None: requests with tools, other than `tool_choice: none`,
+    /// are refused). `tools::detect` reads it from the chat template.
+    pub tool_format: Option<Arc<dyn tools::ToolFormat>>,
+    /// Whether the model writes a `<think>` reasoning block, returned apart as
+    /// `reasoning_content` (`reasoning::detect` reads it from the chat template).
+    pub reasoning: bool,
 }
 
 /// [`ServerConfig::max_body_bytes`] of `kern serve`: 64 MiB (a 128k-token prompt as token ids

@@ -59,7 +59,9 @@ async fn server(o: Opts) -> Server {
         Ok(Box::new(m) as Box<dyn Model>)
     });
     let template = tok.chat_template_renderer().expect("the Qwen3 tokenizer has a template").expect("compiles");
-    let cfg = ServerConfig { served_model_names: vec!["fake".into(), "alias".into()], api_key: o.api_key, max_logprobs: 20, defaults: SamplingDefaults::default(), chat_template: Some(template), root: "fake".into(), max_body_bytes: o.max_body };
+    let src = tok.chat_template().unwrap_or_default();
+    let (tool_format, reasoning) = (kern_server::tools::detect(src).map(Arc::from), kern_server::reasoning::detect(src));
+    let cfg = ServerConfig { served_model_names: vec!["fake".into(), "alias".into()], api_key: o.api_key, max_logprobs: 20, defaults: SamplingDefaults::default(), chat_template: Some(template), root: "fake".into(), max_body_bytes: o.max_body, tool_format, reasoning };
     let state = AppState::new(engine.clone(), Some(tok), cfg);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -236,7 +238,7 @@ async fn errors_are_openai_shaped_and_name_the_field() {
     let (st, v) = s.post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})).await;
     assert_eq!((st, err(&v).0), (400, json!("top_logprobs")));
     let (st, v) = s.post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})).await;
-    assert_eq!((st, err(&v).0), (400, json!("tools")));
+    assert_eq!((st, err(&v).0), (400, json!("tools[0].function")));
     // Not JSON; unknown model; unknown route.
     let r = reqwest::Client::new().post(format!("{}/v1/completions", s.base)).body("{not json").send().await.unwrap();
     assert_eq!(r.status().as_u16(), 400);

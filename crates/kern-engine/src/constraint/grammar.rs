@@ -11,7 +11,8 @@ pub const JSON_WHITESPACE: &str = r"[\x20\x0A\x0D\x09]{1,20}";
 /// How JSON is laid out.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct JsonOptions {
-    /// A regular expression for the whitespace between JSON tokens (None: [`JSON_WHITESPACE`]).
+    /// A regular expression for the whitespace between JSON tokens (None: [`JSON_WHITESPACE`];
+    /// empty: none).
     pub whitespace_pattern: Option<String>,
 }
 
@@ -101,11 +102,11 @@ impl Grammar {
 
 /// `schema` with llguidance's JSON options (`x-guidance`) set, unless it sets its own.
 fn json_with_options(schema: Value, strict: bool, o: &JsonOptions) -> Value {
-    let opts = json!({
-        "whitespace_flexible": true,
-        "whitespace_pattern": o.whitespace_pattern.clone().unwrap_or_else(|| JSON_WHITESPACE.to_string()),
-        "lenient": !strict,
-    });
+    // An empty pattern: no whitespace between JSON tokens at all.
+    let opts = match o.whitespace_pattern.as_deref() {
+        Some("") => json!({"whitespace_flexible": false, "lenient": !strict}),
+        p => json!({"whitespace_flexible": true, "whitespace_pattern": p.unwrap_or(JSON_WHITESPACE), "lenient": !strict}),
+    };
     match schema {
         Value::Object(mut m) => {
             m.entry("x-guidance").or_insert(opts);

@@ -23,7 +23,7 @@ pub(crate) mod seq;
 mod vocab;
 
 pub use compile::{CompiledGrammar, GrammarError, GrammarLimits, Grammars};
-pub use grammar::{Grammar, JsonOptions};
+pub use grammar::{Grammar, JsonOptions, JSON_WHITESPACE};
 pub use mask::{MaskPool, TokenMask};
 pub use vocab::{token_bytes, KernTokEnv};
 
