@@ -13,23 +13,32 @@
 //!    max, near its smallest normal) at several step shapes (one token, an odd multi-sequence
 //!    prefill, the largest step), and every output is compared with dtype-aware tolerances
 //!    ([`numeric::compare`]: max abs, max rel, mismatch fraction, ULP distance, bit-exact
-//!    share). Ops only one side has are listed and covered by the interval comparison.
+//!    share) and the bias statistics ([`stats`]: a one-sided error within the tolerance is a
+//!    divergence too). Ops only one side has are listed and covered by the interval comparison.
 //! 2. **Precision diff**: both programs run the same scheduled steps (a multi-sequence prefill,
 //!    then decode steps, teacher-forced with A's greedy tokens). On the first prefill and the
 //!    first decode step the programs advance interval by interval ([`matching`]): before each
 //!    interval, B's inputs are set to A's values (golden inputs), so the comparison of its
-//!    outputs measures *that interval's* error only; the first interval beyond tolerance is the
-//!    first divergence, named by its call labels on both sides. B is then also run free from
-//!    its own values and compared at every sync point (drift: amplified upstream error,
-//!    informational). Every step's logits are compared (KL divergence, top-1 agreement, top-5
-//!    overlap, max abs difference) and its greedy tokens.
+//!    outputs measures *that interval's* error only; the first interval beyond tolerance or
+//!    biased is the first divergence, named by its call labels on both sides. B is then also
+//!    run forward from its own values and compared at every sync point (where it first leaves
+//!    A, where it passes the tolerance, the carried error per interval). Every step's logits
+//!    are compared (KL divergence, top-1 agreement, top-5 overlap, max abs difference) and its
+//!    greedy tokens, judged against the noise floor of an honest change ([`noise`]: A run again
+//!    with B's local errors, signs randomized).
 //! 3. **Performance diff**: every interval pair timed on both sides (CUDA events, warm-up,
 //!    median of many runs, L2 flushed before each, A and B interleaved), summed per op, and
 //!    the whole step; slower / faster beyond a threshold with disjoint interquartile ranges are
-//!    flagged.
+//!    flagged. Each row has the bytes its calls move ([`traffic`]) and, for decode-shaped
+//!    steps, the achieved bandwidth and each side's floor at the measured copy bandwidth.
+//!
+//! **Precision mode** ([`precision`], `--precision`) is for intentional precision changes:
+//! nothing is judged per element; per interval and layer the local and carried error (relative
+//! RMS, SNR), a plot ([`svg`]), and KL / top-1 / perplexity on a text, judged by gates.
 //!
 //! The [`report::Report`] puts the first divergence on top; `--json` prints it as JSON. Exit
-//! codes: 0 equal within tolerance, 1 a kernel or precision diff fails, 2 not comparable.
+//! codes: 0 equal within tolerance and unbiased (precision mode: within every gate), 1 a kernel
+//! or precision diff fails (beyond a gate), 2 not comparable.
 //!
 //! # Sync points: the matching rule
 //!

@@ -134,7 +134,7 @@ fn a_decode_step_shows_bytes_bandwidth_and_floors() {
     let text = r.render();
     assert!(text.contains("floor = bytes at the 4000 GB/s device copy bandwidth"), "{text}");
     assert!(text.contains("decode 1 (4 seqs) (1 intervals timed; decode-shaped: bandwidth-bound)"), "{text}");
-    let line = text.lines().filter(|l| l.trim_start().starts_with("gate_up_proj")).last().unwrap();
+    let line = text.lines().rfind(|l| l.trim_start().starts_with("gate_up_proj")).unwrap();
     let cols: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(cols, ["gate_up_proj", "4.0", "2.5", "0.625", "8.000", "4.000", "2000", "1600", "2.0", "1.0", "FASTER"], "{line}");
     // The prefill rows have bytes but no bandwidth columns.

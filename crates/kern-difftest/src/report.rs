@@ -1,6 +1,7 @@
 //! The report of `kern test`: what was compared, the first divergence on top, then the kernel
-//! diffs, the precision diff and the performance diff; as text or JSON; and the exit code
-//! (0 equal within tolerance, 1 a kernel or precision diff fails, 2 not comparable).
+//! diffs, the precision diff and the performance diff, as JSON (the text is [`crate::render`]);
+//! and the exit code (0 equal within tolerance and unbiased — in precision mode within every
+//! gate —, 1 a kernel or precision diff fails, 2 not comparable).
 
 use crate::numeric::{LogitStats, PerfClass, Stats, Timing};
 use serde::Serialize;
