@@ -1,20 +1,68 @@
 #!/usr/bin/env bash
-# Build and run the host emulations of attention_decode.cu, attention_prefill.cu and the fused decode
-# GEMVs of gemm_skinny.cu (no GPU): g++ with C++20 and pthreads.
+# Build and run the host emulations (no GPU; g++ with C++20; emu.h runs a CTA's threads as fibers):
+#   attention-decode   attention_decode.cu + attention.cu (split decode, attention_dD; windows, D 64/128/256,
+#                      batch invariance) vs fp64
+#   attention-prefill  attention_prefill.cu (ldmatrix / mma.sync emulated) vs fp64 and attention_dD, windows
+#   gemv-fused         gemm_skinny.cu's fused decode GEMVs vs rowwise.cu + gemv_bf16, bit for bit
+#   rope               rope.cu's qk_norm_rope (inv_freq table, cos_scale, adjacent pairs, Gemma's norm)
+#   rowwise-ref        rowwise.cu vs transformers-order references (Gemma3RMSNorm, GeGLU, scaled embedding)
+# JOBS (default 2) emulations build and run at once; each one's output is printed whole, in this
+# order, with its time. Exit status 1 when any build or check fails.
 #   bash packs/kernels/verify/host_emu/run.sh
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+JOBS="${JOBS:-2}"
 # A directory of its own: two runs at once (two checkouts) never overwrite each other's binaries.
 BIN="$(mktemp -d "${TMPDIR:-/tmp}/kern-host-emu.XXXXXX")"
 trap 'rm -rf "$BIN"' EXIT
-OUT="$BIN/attention-decode-emu"
-g++ -std=c++20 -O2 -pthread -w -I "$HERE" -include "$HERE/emu.h" -x c++ "$HERE/attention_decode_emu.cpp" "$HERE/attention_emu.cpp" -o "$OUT"
-"$OUT"
-# attention_prefill.cu (tensor-core prefill attention; ldmatrix / mma.sync emulated in emu.h) vs fp64 and attention_dD
-OUT_PREFILL="$BIN/attention-prefill-emu"
-g++ -std=c++20 -O2 -pthread -w -I "$HERE" -include "$HERE/emu.h" -x c++ "$HERE/attention_prefill_emu.cpp" "$HERE/attention_emu.cpp" -o "$OUT_PREFILL"
-"$OUT_PREFILL"
-# gemm_skinny.cu's fused decode GEMVs (mma.sync emulated in emu.h) vs rowwise.cu + gemv_bf16, bit for bit
-OUT_GEMV="$BIN/gemv-fused-emu"
-g++ -std=c++20 -O2 -pthread -w -I "$HERE" -include "$HERE/emu.h" -x c++ "$HERE/gemv_fused_emu.cpp" "$HERE/rowwise_emu.cpp" -o "$OUT_GEMV"
-"$OUT_GEMV"
+CXX=(g++ -std=c++20 -O2 -w -I "$HERE" -include "$HERE/emu.h" -x c++)
+
+NAMES=(attention-decode attention-prefill gemv-fused rope rowwise-ref)
+sources() {
+    case "$1" in
+        attention-decode) echo "attention_decode_emu.cpp attention_emu.cpp" ;;
+        attention-prefill) echo "attention_prefill_emu.cpp attention_emu.cpp" ;;
+        gemv-fused) echo "gemv_fused_emu.cpp rowwise_emu.cpp" ;;
+        rope) echo "rope_emu.cpp" ;;
+        rowwise-ref) echo "rowwise_ref_emu.cpp" ;;
+    esac
+}
+
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+secs() { printf '%d.%d s' $(( $1 / 1000 )) $(( $1 % 1000 / 100 )); }
+
+one() {  # build and run one emulation; its output, status and times go to $BIN/<name>.*
+    local name="$1" t0 t1 srcs=()
+    t0=$(now_ms)
+    for s in $(sources "$name"); do srcs+=("$HERE/$s"); done
+    if "${CXX[@]}" "${srcs[@]}" -o "$BIN/$name" > "$BIN/$name.out" 2>&1; then
+        t1=$(now_ms)
+        set +e
+        "$BIN/$name" >> "$BIN/$name.out" 2>&1
+        echo $? > "$BIN/$name.rc"
+        set -e
+        echo "build $(secs $(( t1 - t0 ))), run $(secs $(( $(now_ms) - t1 )))" > "$BIN/$name.time"
+    else
+        echo "BUILD FAILED" >> "$BIN/$name.out"
+        echo 2 > "$BIN/$name.rc"
+        echo "build failed" > "$BIN/$name.time"
+    fi
+}
+
+T0=$(now_ms)
+for name in "${NAMES[@]}"; do
+    while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n || true; done
+    one "$name" &
+done
+wait
+fail=()
+for name in "${NAMES[@]}"; do
+    echo "===== $name ($(cat "$BIN/$name.time"))"
+    cat "$BIN/$name.out"
+    [[ "$(cat "$BIN/$name.rc")" == 0 ]] || fail+=("$name")
+done
+if (( ${#fail[@]} )); then
+    echo "===== host emulations: ${#NAMES[@]} run, ${#fail[@]} FAILED (${fail[*]}), $(secs $(( $(now_ms) - T0 ))) in all (JOBS=$JOBS)"
+    exit 1
+fi
+echo "===== host emulations: ${#NAMES[@]} run, all passed, $(secs $(( $(now_ms) - T0 ))) in all (JOBS=$JOBS)"
