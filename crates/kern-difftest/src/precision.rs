@@ -23,8 +23,8 @@ use serde::Serialize;
 use std::fmt::Write as _;
 
 /// The thresholds of precision mode (`--max-kld`, `--min-top1`, `--max-ppl-increase`).
-/// Defaults are FP8-class: llama.cpp measures mean KLD 0.0014 for q8_0 and 0.031 for q4_K_M
-/// on LLaMA-3-8B, so a 4-bit format needs `--max-kld 0.05 --min-top1 0.85`.
+/// Defaults are FP8-class: ggml's perplexity tool measures mean KLD 0.0014 for q8_0 and 0.031 for q4_K_M
+/// on an 8B model, so a 4-bit format needs `--max-kld 0.05 --min-top1 0.85`.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Gates {
     pub max_kld: f64,
@@ -131,7 +131,7 @@ pub struct TextScore {
     pub windows: usize,
     pub window: usize,
     /// Positions scored (the second half of each window: each has at least window/2 tokens of
-    /// context, as llama.cpp's perplexity scores).
+    /// context, as ggml's perplexity tool scores).
     pub positions: usize,
     pub ppl_a: f64,
     pub ppl_b: f64,

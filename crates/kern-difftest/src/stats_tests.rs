@@ -101,7 +101,7 @@ fn blocks_are_rows_or_chunks_of_few_rows() {
 
 #[test]
 fn rms_norm_in_two_reduction_orders_rounded_to_bf16_passes() {
-    // Qwen3-1.7B's hidden size, a prefill of 133 tokens and a decode step of 4.
+    // a 1.7B decoder's hidden size, a prefill of 133 tokens and a decode step of 4.
     for (rows, ms, seed) in [(133, 3.0, 1), (133, 7.0, 2), (4, 3.0, 3), (1, 0.5, 4)] {
         let (x, w) = norm_inputs(rows, 2048, ms, seed);
         let (a, b) = (rms_norm(&x, &w, 1e-6, 0), rms_norm(&x, &w, 1e-6, 1));
@@ -119,7 +119,7 @@ fn rms_norm_in_two_reduction_orders_rounded_to_bf16_passes() {
 
 #[test]
 fn a_changed_rms_norm_epsilon_fails_on_the_scale() {
-    // eps 1e-6 → 1e-2 and 1e-3 at Qwen3-1.7B's shape: every element within a few ulps (inside
+    // eps 1e-6 → 1e-2 and 1e-3 at a 1.7B decoder's shape: every element within a few ulps (inside
     // the bf16 tolerance), every row shrunk alike. ms 3 ≈ layer 7, ms 7 ≈ layer 18 of the
     // random-weight model; 4 rows = a decode step (rows cut into chunks).
     for (rows, ms, eps) in [(133, 3.0, 1e-2), (133, 3.0, 1e-3), (133, 7.0, 1e-3), (4, 3.0, 1e-2), (4, 3.0, 1e-3)] {
