@@ -20,6 +20,14 @@
 #include <set>
 #include <string>
 
+// The shared memory of attention_decode_dD (sizeof(DecSmem<D>), as ptxas reports it for D = 64 and
+// 128): at D = 256 the launch's dynamic shared memory, so the manifest's `shared` for
+// attention_decode_d256 must be at least 83984 bytes (KERNELS.md and the GPU harnesses).
+static_assert(sizeof(DecSmem<64>) == 22544 && sizeof(DecSmem<128>) == 43024,
+              "attention_decode_dD's static shared memory changed: update KERNELS.md");
+static_assert(sizeof(DecSmem<256>) == 83984,
+              "attention_decode_d256's dynamic shared memory changed: update KERNELS.md and the GPU harnesses' `shared`");
+
 static uint16_t bf(float f) { return __float2bfloat16_rn(f).x; }
 static float fb(uint16_t u) { return __bfloat162float(__nv_bfloat16{u}); }
 static const uint16_t BF_NAN = 0x7fc0;
