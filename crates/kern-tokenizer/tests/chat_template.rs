@@ -3,6 +3,8 @@
 //! beside it, holds each conversation and transformers' output. The Qwen3 template comes from
 //! the fetched tokenizer (`scripts/fetch-test-data.sh`); other cases carry their template,
 //! except those marked `gguf` (the GGUF file's template), which `tests/gguf.rs` checks.
+//! `tests/data/gguf-tokenizer-cases.json` (`templates`) adds Llama 3.x's date prologue
+//! (`strftime_now`, `date_string`), rendered by transformers in `gen_gguf_tokenizer_cases.py`.
 
 use kern_tokenizer::{ChatTemplate, ContentFormat, TemplateError, Tokenizer};
 use serde_json::Value;
@@ -129,4 +131,47 @@ fn chat_template_jinja_file_wins() {
     let tok = Tokenizer::from_dir(d.path()).unwrap();
     let e = tok.chat_template_renderer().unwrap().unwrap_err();
     assert!(matches!(e, TemplateError::Syntax { .. }), "{e:?}");
+}
+
+/// Llama 3.x's opening (`date_string` unless given, else `strftime_now("%d %b %Y")`),
+/// `messages` reassigned after the system message, `raise_exception` on an unknown role, with
+/// the BOS token passed as a keyword (it overrides the tokenizer's, as in transformers).
+#[test]
+fn llama3_date_prologue_renders_as_transformers_renders_it() {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/gguf-tokenizer-cases.json");
+    let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let t = &v["templates"][0];
+    let ct = ChatTemplate::new(t["template"].as_str().unwrap(), Some("<s>".into()), None).unwrap();
+    let cases = t["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 5);
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let got = ct.render(
+            &case["messages"],
+            None,
+            case["add_generation_prompt"].as_bool().unwrap(),
+            case["kwargs"].as_object(),
+        );
+        if let Some(err) = case.get("error") {
+            match got {
+                Err(TemplateError::Raised { message }) => {
+                    assert_eq!(message, err.as_str().unwrap())
+                }
+                other => panic!("{name}: expected the template to raise, got {other:?}"),
+            }
+            continue;
+        }
+        // The date transformers rendered is replaced by `{today}`; render it as kern would now
+        // (local time, as Python's `datetime.now()`), just before and after, for midnight.
+        let want = case["text"].as_str().unwrap();
+        let day = || chrono::Local::now().format("%d %b %Y").to_string();
+        let before = day();
+        let got = got.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let after = day();
+        assert!(
+            got == want.replace("{today}", &before) || got == want.replace("{today}", &after),
+            "{name}:\n got {got:?}\nwant {want:?}"
+        );
+    }
 }

@@ -254,6 +254,73 @@ out["synthetic"] = {
              "tokenizer.ggml.unknown_token_id": 0},
     "variants": synthetic}
 
+# Llama 3.x's template constructs, rendered by transformers with the SmolLM2 tokenizer and the
+# BOS token given as a keyword: the date prologue (`date_string` unless given, from
+# `strftime_now("%d %b %Y")`: the expected text holds `{today}` for the date there),
+# `messages` reassigned, `raise_exception` on an unknown role, `| trim`.
+LLAMA3_DATES = """{{- bos_token }}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}
+{%- if tools is not none %}
+    {{- "Environment: ipython\\n" }}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\\n" }}
+{{- "Today Date: " + date_string + "\\n\\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {%- if message.role not in ['user', 'assistant', 'tool', 'ipython'] %}
+        {{- raise_exception("Unknown role: " + message.role) }}
+    {%- endif %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+import datetime
+today = datetime.datetime.now().strftime("%d %b %Y")
+date_cases = []
+bos = {"bos_token": "<|begin_of_text|>"}
+for cname, messages, kwargs in [
+    ("given date_string", CHATS[2][1], {**bos, "date_string": "01 Feb 2025"}),
+    ("today's date", CHATS[1][1], bos),
+    ("non-ASCII, no system", CHATS[4][1][1:], {**bos, "date_string": "31 Dec 2024"}),
+    ("tools_in_user_message given", CHATS[3][1], {**bos, "date_string": "01 Feb 2025", "tools_in_user_message": False}),
+    ("unknown role", [{"role": "narrator", "content": "Once"}], bos),
+]:
+    case = {"name": cname, "messages": messages, "add_generation_prompt": True, "kwargs": kwargs}
+    try:
+        text = smol.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                        chat_template=LLAMA3_DATES, **kwargs)
+        if "date_string" not in kwargs:
+            assert today in text, text
+            text = text.replace(today, "{today}")
+        case["text"] = text
+    except Exception as e:
+        case["error"] = str(e)
+    date_cases.append(case)
+out["templates"] = [{"name": "Llama 3.x date prologue", "template": LLAMA3_DATES, "cases": date_cases}]
+
+
 def dumps(v, ind=""):
     """JSON with one line per object member or list element, lists of scalars on one line (a
     readable diff for a regenerated fixture)."""
