@@ -206,7 +206,19 @@ fn check_texts(name: &'static str) -> Option<usize> {
                 "{text:?} without special tokens: got {no_special:?}"
             ));
         }
+        // Streamed token by token (byte-fallback runs held back until whole), the same text.
+        let mut d = t.detokenizer(false);
+        let mut streamed = String::new();
+        for &id in &got {
+            streamed.extend(d.push(id).unwrap());
+        }
+        streamed.push_str(&d.finish().unwrap());
         let decoded = t.decode(&got, false).unwrap();
+        if streamed != decoded {
+            failures.push(format!(
+                "{text:?} streams as {streamed:?}, decodes to {decoded:?}"
+            ));
+        }
         if decoded != case["decoded"].as_str().unwrap() {
             failures.push(format!(
                 "{text:?} decodes to {decoded:?}, transformers to {}",

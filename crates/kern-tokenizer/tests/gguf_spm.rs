@@ -74,6 +74,18 @@ fn synthetic_vocabularies_match_transformers() {
                 got,
                 "{name}: {text:?} saved"
             );
+            // Streamed token by token, the text is the same (Strip drops the first space only).
+            let mut d = t.detokenizer(false);
+            let mut streamed = String::new();
+            for &id in &got {
+                streamed.extend(d.push(id).unwrap());
+            }
+            streamed.push_str(&d.finish().unwrap());
+            assert_eq!(
+                streamed,
+                t.decode(&got, false).unwrap(),
+                "{name}: {text:?} streamed"
+            );
         }
         assert!(
             failures.is_empty(),
