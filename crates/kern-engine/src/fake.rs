@@ -251,8 +251,10 @@ impl Model for FakeModel {
             } else {
                 greedy
             };
+            // Greedy rows choose without the seed (a greedy choice does not depend on it).
+            let seed = if st.temperature[r] > 0.0 { st.seeds[r] } else { 0 };
             let tok = match mask {
-                Some(m) => self.constrained(m, r, tok, fnv(ctx.iter().map(|&t| t as u64).chain([st.seeds[r], len as u64, 0x6d61_736b]))),
+                Some(m) => self.constrained(m, r, tok, fnv(ctx.iter().map(|&t| t as u64).chain([seed, len as u64, 0x6d61_736b]))),
                 None => Ok(tok),
             }?;
             sampled.push(tok as i32);

@@ -366,12 +366,12 @@ impl<'t> Loop<'t> {
         // Each sequence's masks in parallel (a verify group's rows one after another).
         use rayon::prelude::*;
         let t0 = Instant::now();
-        let results: Vec<(usize, Result<Vec<Vec<u32>>, String>)> = self.masks.install(|| {
+        let results: Vec<(usize, Result<Vec<Option<Vec<u32>>>, String>)> = self.masks.install(|| {
             seqs.par_iter_mut()
                 .map(|(r, drafts, c)| {
                     let first = c.mask().map(|m| m.map(<[u32]>::to_vec));
                     let all = first.and_then(|m| {
-                        let mut rows: Vec<Vec<u32>> = m.into_iter().collect();
+                        let mut rows: Vec<Option<Vec<u32>>> = vec![m];
                         rows.extend(c.draft_masks(drafts)?);
                         Ok(rows)
                     });
@@ -385,7 +385,9 @@ impl<'t> Loop<'t> {
             match res {
                 Ok(rows) => {
                     for (j, m) in rows.iter().enumerate() {
-                        mask.set(r + j, m);
+                        if let Some(m) = m {
+                            mask.set(r + j, m);
+                        }
                     }
                 }
                 Err(e) => self.fail_request(step.seqs[r].id, e),

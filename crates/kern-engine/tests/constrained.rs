@@ -66,7 +66,7 @@ fn run(h: RequestHandle) -> (String, Vec<u32>, FinishReason) {
 
 fn request(e: &Engine, prompt: Vec<u32>, g: &Grammar, sampling: Sampling, start_after: Vec<u32>) -> RequestHandle {
     let grammar = e.compile(g).unwrap_or_else(|err| panic!("{g:?}: {err}"));
-    let req = Request { sampling, constraint: Some(Constraint { grammar, start_after }), ..Request::new(prompt, 600) };
+    let req = Request { sampling, constraint: Some(Constraint { grammar, start_after, opens_with: None }), ..Request::new(prompt, 600) };
     e.submit(req).expect("queued")
 }
 

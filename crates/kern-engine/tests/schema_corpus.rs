@@ -173,7 +173,7 @@ fn generate(e: &Engine, loaded: &[(String, Value)], compiled: &[(usize, Arc<Comp
         for (i, g) in wave {
             for j in 0..2u64 {
                 let sampling = if j == 0 { Sampling::default() } else { Sampling { temperature: 1.0, seed: Some(*i as u64), ..Default::default() } };
-                let req = Request { sampling, constraint: Some(Constraint { grammar: g.clone(), start_after: vec![] }), ..Request::new(vec![10 + *i as u32, 20, 30], 256) };
+                let req = Request { sampling, constraint: Some(Constraint { grammar: g.clone(), start_after: vec![], opens_with: None }), ..Request::new(vec![10 + *i as u32, 20, 30], 256) };
                 hs.push((*i, e.submit(req).unwrap()));
             }
         }

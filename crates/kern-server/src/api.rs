@@ -173,12 +173,12 @@ fn submit(s: &Shared, prompts: &[Vec<u32>], c: &Common, max_tokens: &dyn Fn(usiz
 
 /// Compiles a request's grammar on the blocking pool (never on the async workers, never in the
 /// engine loop); its problems are 400s naming the field it came from.
-async fn compile(s: &Shared, r: Requested, start_after: Vec<u32>) -> ApiResult<Constraint> {
+async fn compile(s: &Shared, r: Requested, (start_after, opens_with): (Vec<u32>, Option<u32>)) -> ApiResult<Constraint> {
     let engine = s.engine.clone();
     let g = r.grammar;
     let compiled = tokio::task::spawn_blocking(move || engine.compile(&g)).await.map_err(|e| ApiError::internal(format!("compiling the grammar: {e}")))?;
     let grammar = compiled.map_err(|e| ApiError::bad(r.field, e.to_string()))?;
-    Ok(Constraint { grammar, start_after })
+    Ok(Constraint { grammar, start_after, opens_with })
 }
 
 async fn collect(mut h: RequestHandle) -> ApiResult<Choice> {
@@ -416,7 +416,7 @@ pub async fn completions(AxState(state): AxState<AppState>, body: Result<Bytes, 
         return Ok(Json(json!({"id": rid, "object": "text_completion", "created": s.created, "model": model, "choices": choices, "usage": usage(pt, 0, 0)})).into_response());
     }
     let constraint = match requested {
-        Some(r) => Some(compile(s, r, vec![]).await?),
+        Some(r) => Some(compile(s, r, (vec![], None)).await?),
         None => None,
     };
     let job = submit(s, &ids, &c, &|_| max_tokens, logprobs, arrival, constraint)?;
@@ -486,7 +486,20 @@ fn check_messages(v: Option<&Value>) -> ApiResult<Value> {
             Some(_) => return Err(ApiError::bad(format!("{p}.content"), format!("`{p}.content` must be a string or a list of text parts"))),
         }
     }
-    Ok(Value::Array(msgs.clone()))
+    // A message without `content` (an assistant turn that only calls tools, as clients send
+    // it with None fields dropped) gets a null one: templates concatenate `content`, and the
+    // renderer gives text templates "" for null.
+    let msgs = msgs
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            if let Some(o) = m.as_object_mut() {
+                o.entry("content").or_insert(Value::Null);
+            }
+            m
+        })
+        .collect();
+    Ok(Value::Array(msgs))
 }
 
 fn render_chat(s: &Shared, messages: &Value, tools: Option<&Value>, add_generation_prompt: bool, kwargs: Option<&Map<String, Value>>) -> ApiResult<String> {
@@ -534,8 +547,16 @@ pub async fn chat(AxState(state): AxState<AppState>, body: Result<Bytes, BytesRe
     // A reasoning block: open in the prompt, closed by it (thinking off), or to be opened by
     // the model; a constraint starts after it.
     let reasoning = s.cfg.reasoning.then(|| crate::reasoning::open_in_prompt(&text));
-    let thinks = s.cfg.reasoning && !crate::reasoning::closed_in_prompt(&text);
-    let gate = if thinks { encode(s, "messages", crate::reasoning::CLOSE, false)? } else { vec![] };
+    let gate = match reasoning {
+        Some(open) if !crate::reasoning::closed_in_prompt(&text) => {
+            let close = encode(s, "messages", crate::reasoning::CLOSE, false)?;
+            // A model that may open the block itself: its first token is `<think>` or already
+            // the grammar's (a model that skips reasoning is constrained at once).
+            let opens = encode(s, "messages", crate::reasoning::OPEN, false)?;
+            (close, if open { None } else { <[u32; 1]>::try_from(opens.as_slice()).ok().map(|[t]| t) })
+        }
+        _ => (vec![], None),
+    };
     let forced = match (&tool_req, &tool_format) {
         (Some(t), Some(fmt)) if matches!(t.choice, ToolChoice::Required | ToolChoice::Named(_)) => {
             if requested.is_some() {

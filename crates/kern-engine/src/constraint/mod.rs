@@ -37,10 +37,15 @@ pub struct Constraint {
     /// is free up to and including them (a reasoning block ending in `</think>`, say). Empty:
     /// from the first token.
     pub start_after: Vec<u32>,
+    /// With `start_after`: a token that opens the free block when the output starts with it
+    /// (`<think>`); the first token may then be it or anything the grammar allows, and in the
+    /// latter case the constraint applies from there on (a model that did not reason).
+    /// None: the output starts inside the block (the prompt opened it).
+    pub opens_with: Option<u32>,
 }
 
 impl std::fmt::Debug for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Constraint").field("grammar", &self.grammar.describe()).field("start_after", &self.start_after).finish()
+        f.debug_struct("Constraint").field("grammar", &self.grammar.describe()).field("start_after", &self.start_after).field("opens_with", &self.opens_with).finish()
     }
 }

@@ -31,30 +31,64 @@ pub(crate) enum Advance {
     Complete,
 }
 
+/// Where the output is with respect to the constraint's start.
+#[derive(Clone, Debug, PartialEq)]
+enum Gate {
+    /// Free until the output produces the closing tokens; `tail` holds the last tokens seen.
+    Free { tail: Vec<u32> },
+    /// At the first token: this token opens a free block (ended by the closing tokens); any
+    /// other token is the grammar's.
+    First(u32),
+    /// The grammar applies.
+    Open,
+}
+
+impl Gate {
+    /// The gate after `token`, and whether the grammar takes the token.
+    fn advance(&self, token: u32, close: &[u32]) -> (Gate, bool) {
+        match self {
+            Gate::Free { tail } => {
+                let mut t = tail.clone();
+                t.push(token);
+                if t.len() > close.len() {
+                    t.remove(0);
+                }
+                (if t == close { Gate::Open } else { Gate::Free { tail: t } }, false)
+            }
+            Gate::First(open) if *open == token => (Gate::Free { tail: Vec::new() }, false),
+            Gate::First(_) | Gate::Open => (Gate::Open, true),
+        }
+    }
+}
+
 pub(crate) struct SeqConstraint {
     slot: Slot,
     /// Observes each mask's computation time.
     timing: Histogram,
-    gate: Vec<u32>,
-    /// The last generated tokens while the gate is closed.
-    tail: Vec<u32>,
-    open: bool,
+    gate: Gate,
+    /// The tokens that end a free block (the constraint's `start_after`).
+    close: Vec<u32>,
 }
 
 impl SeqConstraint {
     pub fn new(c: &Constraint, timing: Histogram) -> SeqConstraint {
-        SeqConstraint { slot: Slot::Idle(c.grammar.matcher()), timing, gate: c.start_after.clone(), tail: Vec::new(), open: c.start_after.is_empty() }
+        let gate = match (c.start_after.is_empty(), c.opens_with) {
+            (true, _) => Gate::Open,
+            (false, Some(t)) => Gate::First(t),
+            (false, None) => Gate::Free { tail: Vec::new() },
+        };
+        SeqConstraint { slot: Slot::Idle(c.grammar.matcher()), timing, gate, close: c.start_after.clone() }
     }
 
-    /// Whether the constraint applies to the next token.
+    /// Whether the next token is masked.
     pub fn active(&self) -> bool {
-        self.open
+        !matches!(self.gate, Gate::Free { .. })
     }
 
-    /// Starts computing the next token's mask on a mask thread (no-op when closed, computing
-    /// or computed).
+    /// Starts computing the grammar's next mask on a mask thread (no-op when free, computing or
+    /// computed).
     pub fn prefetch(&mut self, pool: &MaskPool) {
-        if !self.open {
+        if !self.active() {
             return;
         }
         if let Slot::Idle(_) = self.slot {
@@ -83,10 +117,10 @@ impl SeqConstraint {
         }
     }
 
-    /// The mask of the next token (computing it now if no thread has); None when the
-    /// constraint has not started.
+    /// The mask of the next token (computing it now if no thread has); None when free. At the
+    /// first token of a gate that may open a block, the opening token is allowed too.
     pub fn mask(&mut self) -> Result<Option<&[u32]>, String> {
-        if !self.open {
+        if !self.active() {
             return Ok(None);
         }
         self.settle()?;
@@ -95,47 +129,70 @@ impl SeqConstraint {
             let r = timed(&self.timing, &mut m);
             self.slot = Slot::Ready(m, r);
         }
-        match &self.slot {
-            Slot::Ready(_, Ok(v)) => Ok(Some(v)),
+        let first = if let Gate::First(t) = self.gate { Some(t) } else { None };
+        match &mut self.slot {
+            Slot::Ready(_, Ok(v)) => {
+                if let Some(t) = first {
+                    if let Some(w) = v.get_mut(t as usize / 32) {
+                        *w |= 1 << (t % 32);
+                    }
+                }
+                Ok(Some(v))
+            }
             Slot::Ready(_, Err(e)) => Err(format!("the grammar failed: {e}")),
             _ => unreachable!("settled"),
         }
     }
 
-    /// Masks of the rows after the next one in a verify step: row j's mask is the state after
-    /// the first j drafts. A draft the grammar forbids ends the list (its row and the rows after
-    /// it are discarded anyway: the row before it cannot sample it). The matcher is rolled back.
-    pub fn draft_masks(&mut self, drafts: &[u32]) -> Result<Vec<Vec<u32>>, String> {
-        if !self.open || drafts.is_empty() {
+    /// Masks of the rows after the next one in a verify step (row j: the state after the first
+    /// j drafts; None: a free row). A draft the grammar forbids ends the list: its row and the
+    /// rows after it are never emitted (the row before cannot sample it). The matcher is
+    /// rolled back.
+    pub fn draft_masks(&mut self, drafts: &[u32]) -> Result<Vec<Option<Vec<u32>>>, String> {
+        if drafts.is_empty() {
             return Ok(vec![]);
         }
-        self.mask()?;
-        let Slot::Ready(m, _) = &mut self.slot else { unreachable!("mask() leaves it ready") };
-        let mut out = Vec::new();
-        let mut consumed = 0;
-        for &d in drafts {
-            if m.is_stopped() || m.try_consume_tokens(&[d]).map_err(|e| e.to_string())? == 0 {
-                break;
+        self.settle()?;
+        let mut m = match std::mem::replace(&mut self.slot, Slot::Gone) {
+            Slot::Idle(m) | Slot::Ready(m, _) => m,
+            _ => unreachable!("settled"),
+        };
+        let (mut gate, mut out, mut consumed) = (self.gate.clone(), Vec::new(), 0);
+        let r = (|| {
+            for &d in drafts {
+                let (next, eat) = gate.advance(d, &self.close);
+                if eat {
+                    if m.is_stopped() || m.try_consume_tokens(&[d]).map_err(|e| e.to_string())? == 0 {
+                        break;
+                    }
+                    consumed += 1;
+                }
+                gate = next;
+                if gate != Gate::Open {
+                    out.push(None);
+                    continue;
+                }
+                let t = Instant::now();
+                let mask = m.compute_mask_or_eos().map_err(|e| format!("the grammar failed: {e}"))?;
+                self.timing.observe(t.elapsed().as_secs_f64());
+                out.push(Some(mask.as_slice().to_vec()));
+                if m.is_stopped() {
+                    break;
+                }
             }
-            consumed += 1;
-            if m.is_stopped() {
-                break;
-            }
-            out.push(timed(&self.timing, m).map_err(|e| format!("the grammar failed: {e}"))?);
-        }
-        m.rollback(consumed).map_err(|e| format!("rolling the grammar back over rejected drafts: {e}"))?;
-        Ok(out)
+            m.rollback(consumed).map_err(|e| format!("rolling the grammar back over rejected drafts: {e}"))
+        })();
+        // The mask computed for the current state (if any) was consumed above: recompute later.
+        self.slot = Slot::Idle(m);
+        r.map(|_| out)
     }
 
     /// Commits a generated token: the gate may open; an open constraint advances (a token it
     /// forbids is an error: the model's sampler did not apply the mask).
     pub fn commit(&mut self, token: u32) -> Result<Advance, String> {
-        if !self.open {
-            self.tail.push(token);
-            if self.tail.len() > self.gate.len() {
-                self.tail.remove(0);
-            }
-            self.open = self.tail == self.gate;
+        let (next, eat) = self.gate.advance(token, &self.close);
+        self.gate = next;
+        if !eat {
             return Ok(Advance::Open);
         }
         self.settle()?;
