@@ -439,7 +439,9 @@ fn compare_kind(
             if let (Some(e), false) = (elem, generic) {
                 let same_size_ints =
                     is_int_dtype(*e) && is_int_dtype(*dtype) && e.size() == dtype.size();
-                if e != dtype && !same_size_ints {
+                // A kernel reads GGUF blocks through a block struct, `void*`, bytes or words.
+                let blocks_as_words = dtype.is_block() && is_int_dtype(*e);
+                if e != dtype && !same_size_ints && !blocks_as_words {
                     sink.error(path, format!("the kernel takes {cname} here (buffer<{e}>), the manifest says {p}{fix}"));
                     return;
                 }

@@ -528,8 +528,11 @@ impl Serialize for OpParam {
 }
 
 const SCALAR_PATTERN: &str = "i8|i16|i32|i64|u8|u16|u32|u64|f32|f64|bool";
-const BUFFER_PATTERN: &str =
-    "(in|out|inout) +buffer<(bf16|f16|f32|f64|f8e4m3|f8e5m2|i8|u8|i16|u16|i32|u32|i64|u64|bool)>";
+/// `(in|out|inout) +buffer<(bf16|…|q6_k)>`: every dtype kern names.
+fn buffer_pattern() -> String {
+    let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
+    format!("(in|out|inout) +buffer<({})>", names.join("|"))
+}
 
 impl JsonSchema for OpParam {
     fn schema_name() -> Cow<'static, str> {
@@ -539,7 +542,7 @@ impl JsonSchema for OpParam {
         json_schema!({
             "description": "An op parameter type: `in|out|inout buffer<DTYPE>`, a scalar (i8 … f64, bool), or (kern 4.1) `ptr` or `state`.",
             "type": "string",
-            "pattern": format!("^ *({BUFFER_PATTERN}|{SCALAR_PATTERN}|ptr|state) *$")
+            "pattern": format!("^ *({}|{SCALAR_PATTERN}|ptr|state) *$", buffer_pattern())
         })
     }
 }
@@ -579,7 +582,7 @@ impl JsonSchema for KernelParam {
             "oneOf": [
                 {
                     "type": "string",
-                    "pattern": format!("^ *({BUFFER_PATTERN}|{SCALAR_PATTERN}|ptr) *$")
+                    "pattern": format!("^ *({}|{SCALAR_PATTERN}|ptr) *$", buffer_pattern())
                 },
                 {
                     "type": "object",

@@ -10,6 +10,11 @@ use serde::Serialize;
 use std::fmt;
 
 /// Element type of a buffer.
+///
+/// The GGUF block types (`q4_0` … `q6_k`) are opaque: one element is one whole block of
+/// values (32 or 256), stored as the GGUF file stores it. A weight of N × K values in `q4_k`
+/// has the shape `[N, K / 256]`, and every size stays the shape's product times the element's
+/// bytes. Block types are for weights only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
@@ -30,10 +35,35 @@ pub enum DType {
     I64,
     U64,
     Bool,
+    /// A GGUF `Q4_0` block: 32 values in 18 bytes (f16 scale, 4-bit values). Weights only.
+    Q4_0,
+    /// A GGUF `Q4_1` block: 32 values in 20 bytes (f16 scale and min, 4-bit values). Weights only.
+    Q4_1,
+    /// A GGUF `Q5_0` block: 32 values in 22 bytes (f16 scale, 5-bit values). Weights only.
+    Q5_0,
+    /// A GGUF `Q5_1` block: 32 values in 24 bytes (f16 scale and min, 5-bit values). Weights only.
+    Q5_1,
+    /// A GGUF `Q8_0` block: 32 values in 34 bytes (f16 scale, 32 int8). Weights only.
+    Q8_0,
+    /// A GGUF `Q2_K` block: 256 values in 84 bytes (k-quant). Weights only.
+    #[serde(rename = "q2_k")]
+    Q2K,
+    /// A GGUF `Q3_K` block: 256 values in 110 bytes (k-quant). Weights only.
+    #[serde(rename = "q3_k")]
+    Q3K,
+    /// A GGUF `Q4_K` block: 256 values in 144 bytes (k-quant, 4-bit values). Weights only.
+    #[serde(rename = "q4_k")]
+    Q4K,
+    /// A GGUF `Q5_K` block: 256 values in 176 bytes (k-quant). Weights only.
+    #[serde(rename = "q5_k")]
+    Q5K,
+    /// A GGUF `Q6_K` block: 256 values in 210 bytes (k-quant, 6-bit values). Weights only.
+    #[serde(rename = "q6_k")]
+    Q6K,
 }
 
 impl DType {
-    pub const ALL: [DType; 15] = [
+    pub const ALL: [DType; 25] = [
         DType::Bf16,
         DType::F16,
         DType::F32,
@@ -49,16 +79,91 @@ impl DType {
         DType::I64,
         DType::U64,
         DType::Bool,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
     ];
 
-    /// Bytes per element.
+    /// The GGUF block dtypes, in [`DType::ALL`] order.
+    pub const BLOCKS: [DType; 10] = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+    ];
+
+    /// Bytes per element; for a block dtype, bytes per block (ggml's `type_size`).
     pub fn size(self) -> u64 {
         match self {
             DType::F8e4m3 | DType::F8e5m2 | DType::I8 | DType::U8 | DType::Bool => 1,
             DType::Bf16 | DType::F16 | DType::I16 | DType::U16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 | DType::U64 => 8,
+            DType::Q4_0 => 18,
+            DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
+            DType::Q8_0 => 34,
+            DType::Q2K => 84,
+            DType::Q3K => 110,
+            DType::Q4K => 144,
+            DType::Q5K => 176,
+            DType::Q6K => 210,
         }
+    }
+
+    /// Values per element: the block size (ggml's `blck_size`) for a block dtype — 32 for
+    /// `q4_0` … `q8_0`, 256 for the k-quants — and 1 for every other dtype.
+    pub fn block_elems(self) -> u64 {
+        match self {
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => 32,
+            DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K => 256,
+            _ => 1,
+        }
+    }
+
+    /// Whether one element is a GGUF block of values (weights only).
+    pub fn is_block(self) -> bool {
+        self.block_elems() > 1
+    }
+
+    /// ggml's name for a block dtype (`Q4_K` for `q4_k`); `None` for the plain dtypes.
+    pub fn ggml_name(self) -> Option<&'static str> {
+        Some(match self {
+            DType::Q4_0 => "Q4_0",
+            DType::Q4_1 => "Q4_1",
+            DType::Q5_0 => "Q5_0",
+            DType::Q5_1 => "Q5_1",
+            DType::Q8_0 => "Q8_0",
+            DType::Q2K => "Q2_K",
+            DType::Q3K => "Q3_K",
+            DType::Q4K => "Q4_K",
+            DType::Q5K => "Q5_K",
+            DType::Q6K => "Q6_K",
+            _ => return None,
+        })
+    }
+
+    /// Bytes of `values` values (not elements) of this dtype, when `values` is a whole number
+    /// of blocks (always, for a plain dtype) and the product fits.
+    pub fn bytes_for_values(self, values: u64) -> Option<u64> {
+        if values % self.block_elems() != 0 {
+            return None;
+        }
+        (values / self.block_elems()).checked_mul(self.size())
     }
 
     pub fn name(self) -> &'static str {
@@ -78,6 +183,16 @@ impl DType {
             DType::I64 => "i64",
             DType::U64 => "u64",
             DType::Bool => "bool",
+            DType::Q4_0 => "q4_0",
+            DType::Q4_1 => "q4_1",
+            DType::Q5_0 => "q5_0",
+            DType::Q5_1 => "q5_1",
+            DType::Q8_0 => "q8_0",
+            DType::Q2K => "q2_k",
+            DType::Q3K => "q3_k",
+            DType::Q4K => "q4_k",
+            DType::Q5K => "q5_k",
+            DType::Q6K => "q6_k",
         }
     }
 
@@ -88,13 +203,29 @@ impl DType {
         let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
         let hint = match common_alias(s) {
             Some(a) => format!(": write `{a}`"),
-            None => crate::diag::did_you_mean(s, names.iter().copied()),
+            None => match file_type(s) {
+                Some(why) => format!(": {why}"),
+                None => crate::diag::did_you_mean(s, names.iter().copied()),
+            },
         };
         Err(format!(
             "`{s}` is not a dtype{hint}; dtypes are {}",
             names.join(" ")
         ))
     }
+}
+
+/// A GGUF *file* type (llama.cpp's `--type` names, `Q4_K_M`), which is a mix of tensor types.
+fn file_type(s: &str) -> Option<String> {
+    let l = s.to_ascii_lowercase();
+    let base = l
+        .strip_suffix("_s")
+        .or_else(|| l.strip_suffix("_m"))
+        .or_else(|| l.strip_suffix("_l"))?;
+    let d = DType::BLOCKS.into_iter().find(|d| d.name() == base)?;
+    Some(format!(
+        "{s} names a GGUF file's mix of tensor types; each tensor has one type (`{d}`, `q6_k`, …): declare each weight with its tensor's type"
+    ))
 }
 
 /// What people coming from C++ or PyTorch write for kern's type names.
@@ -114,7 +245,15 @@ fn common_alias(s: &str) -> Option<&'static str> {
         "uint64" | "unsigned long" | "size_t" => "u64",
         "float8_e4m3fn" | "fp8_e4m3" | "e4m3" | "f8e4m3fn" => "f8e4m3",
         "float8_e5m2" | "fp8_e5m2" | "e5m2" => "f8e5m2",
-        _ => return None,
+        // safetensors' names.
+        "F8_E4M3" | "f8_e4m3" => "f8e4m3",
+        "F8_E5M2" | "f8_e5m2" => "f8e5m2",
+        // ggml's names (`Q4_K`, `BF16`) and the underscore-less spellings (`q4k`).
+        other => {
+            return DType::ALL.into_iter().map(DType::name).find(|n| {
+                n.eq_ignore_ascii_case(other) || n.replace('_', "").eq_ignore_ascii_case(other)
+            })
+        }
     })
 }
 
@@ -558,6 +697,50 @@ mod tests {
         assert!(KernelParam::parse("state")
             .unwrap_err()
             .contains("as `ptr`"));
+    }
+
+    #[test]
+    fn block_dtypes_are_whole_blocks() {
+        // ggml's GGML_QUANT_SIZES: (values per block, bytes per block).
+        let want = [
+            ("q4_0", 32, 18),
+            ("q4_1", 32, 20),
+            ("q5_0", 32, 22),
+            ("q5_1", 32, 24),
+            ("q8_0", 32, 34),
+            ("q2_k", 256, 84),
+            ("q3_k", 256, 110),
+            ("q4_k", 256, 144),
+            ("q5_k", 256, 176),
+            ("q6_k", 256, 210),
+        ];
+        assert_eq!(DType::BLOCKS.len(), want.len());
+        for (d, (name, elems, bytes)) in DType::BLOCKS.into_iter().zip(want) {
+            assert_eq!(DType::parse(name), Ok(d));
+            assert_eq!((d.name(), d.block_elems(), d.size()), (name, elems, bytes));
+            assert!(d.is_block());
+            assert_eq!(d.ggml_name().unwrap().to_ascii_lowercase(), name);
+            assert_eq!(serde_json::to_string(&d).unwrap(), format!("\"{name}\""));
+            // An uppercase (ggml) or underscore-less name says what to write.
+            let e = DType::parse(d.ggml_name().unwrap()).unwrap_err();
+            assert!(e.contains(&format!("write `{name}`")), "{e}");
+            let e = DType::parse(&name.replace('_', "")).unwrap_err();
+            assert!(e.contains(&format!("write `{name}`")), "{e}");
+            let t = format!("in buffer<{name}>");
+            assert_eq!(OpParam::parse(&t), Ok(OpParam::Buffer { access: Access::In, dtype: d }));
+        }
+        for d in DType::ALL.into_iter().filter(|d| !d.is_block()) {
+            assert_eq!((d.block_elems(), d.ggml_name()), (1, None));
+        }
+        assert_eq!(DType::ALL.iter().filter(|d| d.is_block()).count(), 10);
+        // N × K = 4 × 512 values of q4_k: shape [4, 2], 8 elements of 144 bytes.
+        assert_eq!(DType::Q4K.bytes_for_values(4 * 512), Some(8 * 144));
+        assert_eq!(DType::Q4K.bytes_for_values(100), None, "not whole blocks");
+        assert_eq!(DType::F32.bytes_for_values(3), Some(12));
+        let e = DType::parse("Q4_K_M").unwrap_err();
+        assert!(e.contains("a GGUF file's mix of tensor types"), "{e}");
+        assert!(DType::parse("F8_E4M3").unwrap_err().contains("write `f8e4m3`"));
+        assert!(DType::parse("BF16").unwrap_err().contains("write `bf16`"));
     }
 
     #[test]

@@ -178,6 +178,8 @@ pub fn decode(bytes: &[u8], dtype: DType) -> Values {
         DType::I64 => Values::I64(chunks.map(|c| le(c) as i64).collect()),
         DType::U8 | DType::U16 | DType::U32 | DType::U64 => Values::U64(chunks.map(le).collect()),
         DType::Bool => Values::Bool(chunks.map(|c| c[0] != 0).collect()),
+        // GGUF blocks (weights only) are opaque: their bytes.
+        _ => Values::U64(bytes.iter().map(|&b| u64::from(b)).collect()),
     }
 }
 

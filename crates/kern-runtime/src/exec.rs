@@ -793,7 +793,7 @@ pub(crate) fn nccl_type(d: kern_manifest::DType) -> Option<kern_cuda::nccl::Nccl
         D::U32 => N::U32,
         D::I64 => N::I64,
         D::U64 => N::U64,
-        D::I16 | D::U16 | D::Bool => return None,
+        _ => return None,
     })
 }
 

@@ -67,6 +67,13 @@ pub fn write(path: &Path, bytes: &[u8], dtype: DType, shape: &[u64], raw: bool) 
             w.finish().map_err(io)?;
         }};
     }
+    if dtype.is_block() {
+        // GGUF blocks (weights only) are opaque: their bytes, with the block's bytes as one
+        // more dimension.
+        let mut s = shape.to_vec();
+        s.push(dtype.size());
+        return write(path, bytes, DType::U8, &s, raw);
+    }
     let w = dtype.size() as usize;
     let words = |bytes: &[u8]| -> Vec<u64> {
         bytes
@@ -95,6 +102,7 @@ pub fn write(path: &Path, bytes: &[u8], dtype: DType, shape: &[u64], raw: bool) 
         DType::I64 => put!(i64, words(bytes).into_iter().map(|x| x as i64)),
         DType::U64 => put!(u64, words(bytes).into_iter()),
         DType::Bool => put!(bool, bytes.iter().map(|&b| b != 0)),
+        _ => unreachable!("block dtypes are written as bytes above"),
     }
     Ok(())
 }

@@ -395,6 +395,9 @@ impl Checker<'_> {
                 }
                 shape.push(e);
             }
+            if b.dtype.is_block() && role != Role::Weight {
+                self.sink.error(&p.field("dtype"), format!("`{}` is a block dtype (one element is a block of {} values, as the GGUF file stores it), for weights only, and this buffer's role is `{}`: set \"role\": \"weight\", or give it a plain dtype", b.dtype, b.dtype.block_elems(), role.name()));
+            }
             let source = match (&b.from, role) {
                 (Some(_), r) if r != Role::Weight => {
                     self.sink.error(&p.field("from"), format!("`from` is only for weights, and this buffer's role is `{}`: set \"role\": \"weight\" or remove `from`", r.name()));
@@ -427,7 +430,10 @@ impl Checker<'_> {
                 (Some(RawFrom::Values(v)), _) => {
                     let elems = bytes.map(|n| n / b.dtype.size());
                     let vp = p.field("from").field("values");
-                    if elems != Some(v.values.len() as u64) {
+                    if b.dtype.is_block() {
+                        self.sink.error(&vp, format!("`values` cannot be written as {}: blocks come from a GGUF file (`tensor` or `concat`); give the buffer a plain dtype", b.dtype));
+                        None
+                    } else if elems != Some(v.values.len() as u64) {
                         let want = elems.map_or("a constant number of".into(), |n| n.to_string());
                         self.sink.error(&vp, format!("{} values for a buffer of {want} elements (its shape): give one value per element, row-major", v.values.len()));
                         None
@@ -620,6 +626,9 @@ fn values_bytes(values: &[f64], dtype: DType) -> Result<Vec<u8>, (usize, String)
             DType::U64 => out.extend((whole(0.0, 9.007199254740992e15)? as u64).to_le_bytes()),
             DType::F8e4m3 | DType::F8e5m2 => {
                 return Err((i, format!("`values` cannot be written as {}: give the buffer a wider dtype", dtype.name())))
+            }
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K => {
+                return Err((i, format!("`values` cannot be written as {}: blocks come from a GGUF file", dtype.name())))
             }
         }
     }

@@ -11,7 +11,7 @@ use crate::types::{Access, DType, KernelParam, OpParam, Scalar, Value};
 
 /// Element types NCCL reduces and moves (`ncclDataType_t`; fp8 since NCCL 2.24).
 pub(crate) fn nccl_dtype(d: DType) -> bool {
-    !matches!(d, DType::I16 | DType::U16 | DType::Bool)
+    !d.is_block() && !matches!(d, DType::I16 | DType::U16 | DType::Bool)
 }
 
 /// CUDA's parameter space since 12.1 on Volta and newer.
@@ -70,6 +70,13 @@ impl Checker<'_> {
                 launches: vec![],
                 collective: Some(c),
             };
+        }
+        for (i, t) in op.params.iter().enumerate() {
+            if let OpParam::Buffer { access, dtype } = t {
+                if dtype.is_block() && access.writes() {
+                    self.sink.error(&p.field("params").index(i), format!("`{t}`: {dtype} is a block dtype, and blocks are only for weights, which programs never write: write \"in buffer<{dtype}>\""));
+                }
+            }
         }
         let mut used = vec![false; op.params.len()];
         let mut launches = vec![];
