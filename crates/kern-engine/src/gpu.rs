@@ -334,7 +334,9 @@ impl GpuModel {
     /// One step of program `prog` (bound by `abi`): upload, queue the run (a replayed graph for
     /// decode-shaped steps), then one wait — the readback of `sampled` (and `logits` when asked
     /// for). A step without real rows (graph capture at start) waits for the run itself.
-    fn run_step(&mut self, prog: usize, abi: &StepAbi, st: &Step, want_logits: bool) -> Result<StepOutput, ModelError> {
+    /// `while_running` is called between the queued run and the wait: host work there overlaps
+    /// the GPU (the engine computes constrained rows' masks there when it masks on the host).
+    fn run_step(&mut self, prog: usize, abi: &StepAbi, st: &Step, want_logits: bool, while_running: &mut dyn FnMut()) -> Result<StepOutput, ModelError> {
         self.guard_pending_stores(st)?;
         self.upload_with(st, abi)?;
         let mut vars = vec![1i64; self.nvars];
@@ -348,6 +350,7 @@ impl GpuModel {
         } else {
             self.rt.enqueue_run(prog, &vars, mode).map_err(err)?;
         }
+        while_running();
         if st.real_seqs == 0 {
             return Ok(StepOutput::default());
         }
@@ -593,12 +596,23 @@ impl Model for GpuModel {
 
     fn step(&mut self, st: &Step, want_logits: bool) -> Result<StepOutput, ModelError> {
         let abi = self.step.clone();
-        self.run_step(0, &abi, st, want_logits)
+        self.run_step(0, &abi, st, want_logits, &mut || {})
+    }
+
+    // No token mask input yet: the checked manifest's step ABI has no `token_mask` role
+    // (docs/step-abi.md describes it), so `token_mask()` stays false and the engine masks
+    // constrained rows on the host from `logits` — computing the masks here, while the step runs.
+    fn step_with(&mut self, st: &Step, want_logits: bool, mask: Option<&crate::constraint::TokenMask>, while_running: &mut dyn FnMut()) -> Result<StepOutput, ModelError> {
+        if mask.is_some_and(crate::constraint::TokenMask::any) {
+            return Err(err("this model's manifest binds no `token_mask` step input"));
+        }
+        let abi = self.step.clone();
+        self.run_step(0, &abi, st, want_logits, while_running)
     }
 
     fn draft_step(&mut self, st: &Step) -> Result<Vec<i32>, ModelError> {
         let (prog, abi) = self.draft.clone().ok_or_else(|| err("this model declares no draft program (the manifest's `speculative` section)"))?;
-        Ok(self.run_step(prog, &abi, st, false)?.sampled)
+        Ok(self.run_step(prog, &abi, st, false, &mut || {})?.sampled)
     }
 
     /// Captures the graph of every decode bucket (the draft program's too) with an all-padding

@@ -186,7 +186,9 @@ impl<'t> Loop<'t> {
                 return;
             }
             let r = self.schedule().and_then(|(step, round)| {
-                let mask = self.mask(&step)?;
+                // A model that applies the mask needs it before the step; host masking computes
+                // it while the model runs (run_step).
+                let mask = if self.model.token_mask() { self.mask(&step) } else { None };
                 let ran = self.run_step(&step, mask, round)?;
                 let outs = self.commit(&step, &ran)?;
                 self.emit(&ran, outs);
@@ -337,63 +339,16 @@ impl<'t> Loop<'t> {
     /// The step's token mask: None when no row is constrained. A constraint that fails (its
     /// grammar errs) fails its request, not the step: its row goes free and its output is
     /// dropped at commit.
-    fn mask(&mut self, step: &Step) -> Result<Option<TokenMask>, Stop> {
-        // Rows of each constrained sequence that samples: (first row, drafts after it).
-        let mut groups: Vec<(usize, Vec<u32>)> = Vec::new();
-        let mut r = 0;
-        while r < step.real_seqs {
-            let ss = &step.seqs[r];
-            let mut end = r + 1;
-            while end < step.real_seqs && step.seqs[end].id == ss.id {
-                end += 1;
-            }
-            if ss.samples && self.live.get(&ss.id).is_some_and(|lv| lv.constraint.as_ref().is_some_and(SeqConstraint::active)) {
-                let drafts = (r + 1..end).map(|j| step.token_ids[step.query_start[j] as usize] as u32).collect();
-                groups.push((r, drafts));
-            }
-            r = end;
-        }
+    fn mask(&mut self, step: &Step) -> Option<TokenMask> {
+        let groups = constrained_rows(&self.live, step);
         if groups.is_empty() {
-            return Ok(None);
+            return None;
         }
-        let mut seqs: Vec<(usize, Vec<u32>, &mut SeqConstraint)> = Vec::with_capacity(groups.len());
-        let mut by_row: HashMap<SeqId, (usize, Vec<u32>)> = groups.into_iter().map(|(r, d)| (step.seqs[r].id, (r, d))).collect();
-        for (id, lv) in self.live.iter_mut() {
-            if let Some((r, d)) = by_row.remove(id) {
-                seqs.push((r, d, lv.constraint.as_mut().expect("constrained")));
-            }
+        let (mask, failed) = compute_masks(&mut self.live, &self.masks, &self.inner.metrics, step, groups, self.mask_vocab);
+        for (seq, e) in failed {
+            self.fail_request(seq, e);
         }
-        // Each sequence's masks in parallel (a verify group's rows one after another).
-        use rayon::prelude::*;
-        let t0 = Instant::now();
-        let results: Vec<(usize, Result<Vec<Option<Vec<u32>>>, String>)> = self.masks.install(|| {
-            seqs.par_iter_mut()
-                .map(|(r, drafts, c)| {
-                    let first = c.mask().map(|m| m.map(<[u32]>::to_vec));
-                    let all = first.and_then(|m| {
-                        let mut rows: Vec<Option<Vec<u32>>> = vec![m];
-                        rows.extend(c.draft_masks(drafts)?);
-                        Ok(rows)
-                    });
-                    (*r, all)
-                })
-                .collect()
-        });
-        self.inner.metrics.mask_wait_secs.observe(t0.elapsed().as_secs_f64());
-        let mut mask = TokenMask::free(step.num_seqs, self.mask_vocab);
-        for (r, res) in results {
-            match res {
-                Ok(rows) => {
-                    for (j, m) in rows.iter().enumerate() {
-                        if let Some(m) = m {
-                            mask.set(r + j, m);
-                        }
-                    }
-                }
-                Err(e) => self.fail_request(step.seqs[r].id, e),
-            }
-        }
-        Ok(mask.any().then_some(mask))
+        mask
     }
 
     // --------------------------------------------------------------------------------- run
@@ -402,10 +357,29 @@ impl<'t> Loop<'t> {
     /// samples greedily, or a constrained row when the model takes no mask) are sampled from the
     /// logits once they are back.
     fn run_step(&mut self, step: &Step, mask: Option<TokenMask>, round: Round) -> Result<Ran, Stop> {
-        let on_host = mask.is_some() && !self.model.token_mask();
+        let host_groups = if self.model.token_mask() { Vec::new() } else { constrained_rows(&self.live, step) };
+        let on_host = !host_groups.is_empty();
         let want_logits = on_host || step.seqs.iter().any(|ss| ss.samples && self.live.get(&ss.id).is_some_and(|lv| lv.host_sample || lv.req.logprobs.is_some() || lv.req.return_logits));
-        let model_mask = if on_host { None } else { mask.as_ref() };
-        let out = self.model.step_with(step, want_logits, model_mask, &mut || {}).map_err(|e| Stop::Fatal(format!("the model failed in a step: {e}")))?;
+        // Host masking: the masks are computed (or their threads waited for) while the GPU runs.
+        let mut host: Option<(Option<TokenMask>, Vec<(SeqId, String)>)> = None;
+        let out = {
+            let (live, pool, metrics, vocab) = (&mut self.live, &self.masks, &self.inner.metrics, self.mask_vocab);
+            let mut overlap = || {
+                if on_host {
+                    host = Some(compute_masks(live, pool, metrics, step, host_groups.clone(), vocab));
+                }
+            };
+            self.model.step_with(step, want_logits, mask.as_ref(), &mut overlap).map_err(|e| Stop::Fatal(format!("the model failed in a step: {e}")))?
+        };
+        let mask = match host {
+            Some((m, failed)) => {
+                for (seq, e) in failed {
+                    self.fail_request(seq, e);
+                }
+                m
+            }
+            None => mask,
+        };
         let m = &self.inner.metrics;
         m.steps.inc();
         m.iteration_tokens.observe(step.real_tokens as f64);
@@ -584,4 +558,61 @@ impl<'t> Loop<'t> {
     fn publish(&self) {
         crate::engine::publish(self.inner, &self.sched);
     }
+}
+
+/// Rows of the step whose sequence samples under an active constraint: (first row, the
+/// drafts of its verify rows after it).
+fn constrained_rows(live: &HashMap<SeqId, Live>, step: &Step) -> Vec<(usize, Vec<u32>)> {
+    let mut groups = Vec::new();
+    let mut r = 0;
+    while r < step.real_seqs {
+        let ss = &step.seqs[r];
+        let mut end = r + 1;
+        while end < step.real_seqs && step.seqs[end].id == ss.id {
+            end += 1;
+        }
+        if ss.samples && live.get(&ss.id).is_some_and(|lv| lv.constraint.as_ref().is_some_and(SeqConstraint::active)) {
+            let drafts = (r + 1..end).map(|j| step.token_ids[step.query_start[j] as usize] as u32).collect();
+            groups.push((r, drafts));
+        }
+        r = end;
+    }
+    groups
+}
+
+/// The masks of `groups`' rows, each sequence's on a mask thread (a verify group's rows one
+/// after another); the sequences whose grammar failed, with the reason.
+fn compute_masks(live: &mut HashMap<SeqId, Live>, pool: &MaskPool, metrics: &crate::metrics::Metrics, step: &Step, groups: Vec<(usize, Vec<u32>)>, vocab: usize) -> (Option<TokenMask>, Vec<(SeqId, String)>) {
+    use rayon::prelude::*;
+    let t0 = Instant::now();
+    let mut by_seq: HashMap<SeqId, (usize, Vec<u32>)> = groups.into_iter().map(|(r, d)| (step.seqs[r].id, (r, d))).collect();
+    let mut seqs: Vec<(usize, Vec<u32>, &mut SeqConstraint)> = live.iter_mut().filter_map(|(id, lv)| by_seq.remove(id).map(|(r, d)| (r, d, lv.constraint.as_mut().expect("constrained")))).collect();
+    let results: Vec<(usize, Result<Vec<Option<Vec<u32>>>, String>)> = pool.install(|| {
+        seqs.par_iter_mut()
+            .map(|(r, drafts, c)| {
+                let rows = c.mask().map(|m| m.map(<[u32]>::to_vec)).and_then(|first| {
+                    let mut rows = vec![first];
+                    rows.extend(c.draft_masks(drafts)?);
+                    Ok(rows)
+                });
+                (*r, rows)
+            })
+            .collect()
+    });
+    metrics.mask_wait_secs.observe(t0.elapsed().as_secs_f64());
+    let mut mask = TokenMask::free(step.num_seqs, vocab);
+    let mut failed = Vec::new();
+    for (r, res) in results {
+        match res {
+            Ok(rows) => {
+                for (j, m) in rows.iter().enumerate() {
+                    if let Some(m) = m {
+                        mask.set(r + j, m);
+                    }
+                }
+            }
+            Err(e) => failed.push((step.seqs[r].id, e)),
+        }
+    }
+    (mask.any().then_some(mask), failed)
 }
