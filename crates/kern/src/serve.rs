@@ -62,6 +62,22 @@ pub struct Args {
     /// A Jinja chat template file, instead of the tokenizer's.
     #[arg(long)]
     chat_template: Option<PathBuf>,
+    /// How tool calls are parsed from the output: `auto` (the format the chat template writes:
+    /// `<tool_call>` JSON → hermes), `hermes`, or `none` (requests with tools other than
+    /// `tool_choice: none` get 400).
+    #[arg(long, default_value = "auto", value_name = "auto|hermes|none")]
+    tool_call_parser: String,
+    /// How a reasoning block is split off the output into `reasoning_content`: `auto` (when the
+    /// chat template writes `<think>` blocks), `think`, or `none`.
+    #[arg(long, default_value = "auto", value_name = "auto|think|none")]
+    reasoning_parser: String,
+    /// Threads computing constrained requests' token masks (0: one per core, at most 8).
+    #[arg(long, default_value_t = 0)]
+    mask_threads: usize,
+    /// Seconds a request's grammar (JSON Schema, regex, Lark) may take to compile before the
+    /// request is refused (400).
+    #[arg(long, default_value_t = 10.0)]
+    grammar_timeout: f64,
     /// Run every step eagerly (no CUDA graphs).
     #[arg(long)]
     no_graph: bool,
@@ -108,9 +124,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         _ => None,
     };
+    let mut template_src = tokenizer.as_ref().and_then(|t| t.chat_template()).unwrap_or_default().to_string();
     let chat_template = match (&args.chat_template, &tokenizer) {
         (Some(p), tok) => {
             let src = std::fs::read_to_string(p).with_context(|| format!("--chat-template {}", p.display()))?;
+            template_src = src.clone();
             let (bos, eos) = tok.as_ref().map_or((None, None), |t| (t.bos_id().and_then(|i| t.token(i)), t.eos_ids().first().and_then(|&i| t.token(i))));
             Some(kern_tokenizer::ChatTemplate::new(&src, bos, eos).map_err(|e| anyhow!("--chat-template {}: {e}", p.display()))?)
         }
@@ -148,8 +166,24 @@ pub fn run(args: Args) -> Result<ExitCode> {
         spec: args.spec.config()?,
         offload_bytes: (args.offload_gib.max(0.0) * (1u64 << 30) as f64) as u64,
         record_steps: false,
+        mask_threads: args.mask_threads,
+        grammar_limits: kern_engine::constraint::GrammarLimits { timeout: Duration::from_secs_f64(args.grammar_timeout.max(0.1)), ..Default::default() },
         ..Default::default()
     };
+    let tool_format: Option<Arc<dyn kern_server::tools::ToolFormat>> = match args.tool_call_parser.as_str() {
+        "auto" => kern_server::tools::detect(&template_src).map(Arc::from),
+        "none" => None,
+        name => Some(Arc::from(kern_server::tools::by_name(name).ok_or_else(|| anyhow!("--tool-call-parser {name}: kern knows auto, hermes and none"))?)),
+    };
+    let reasoning = match args.reasoning_parser.as_str() {
+        "auto" => kern_server::reasoning::detect(&template_src),
+        "think" => true,
+        "none" => false,
+        other => bail!("--reasoning-parser {other}: kern knows auto, think and none"),
+    };
+    if tool_format.is_some() || reasoning {
+        eprintln!("kern serve: tool calls parsed as {}; reasoning blocks {}", tool_format.as_ref().map_or("(none)", |f| f.name()), if reasoning { "returned as reasoning_content" } else { "not split off" });
+    }
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
@@ -163,8 +197,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let info = ModelInfo { max_step_tokens: 256, max_step_seqs: 64, pages_per_seq: 256, page_tokens: 4, total_pages: args.fake_pages, vocab, logits: true, gpu_sampling: true, per_seq_state: false, draft_k: None };
             let (fail, delay) = (args.fake_fail_at_step, Duration::from_millis(args.fake_step_ms));
             let draft = args.spec.spec_draft;
+            // Its random walk through a grammar ends sooner when it prefers closing tokens.
+            let preferred: Vec<u32> = tokenizer.as_ref().map_or_else(Vec::new, |t| ["\"", "}", "]"].iter().filter_map(|s| t.encode(s, false).ok().and_then(|v| v.first().copied())).chain(t.eos_ids().iter().copied()).collect());
             Engine::start(cfg, tokenizer.clone(), move || {
-                let mut m = FakeModel::new(info, hash_rule(vocab));
+                let mut m = FakeModel::new(info, hash_rule(vocab)).with_preferred(preferred);
                 if draft {
                     // The fake's own rule as its draft (always right, greedy).
                     m = m.with_draft(hash_rule(vocab), 4);
@@ -177,7 +213,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let opts = LoadOptions { device: args.device, gpu_mem: args.gpu_mem, graphs: !args.no_graph, capture_at_start: !args.no_graph, devices: args.devices.clone(), blocking_steps: false };
             Engine::start(cfg, tokenizer.clone(), crate::generate::loader(dir.clone(), opts, report.clone()))
         };
-        let state = AppState::new(engine.clone(), tokenizer, ServerConfig { served_model_names: names, api_key, max_logprobs: args.max_logprobs, defaults, chat_template, root: dir.display().to_string(), max_body_bytes: kern_server::DEFAULT_MAX_BODY_BYTES });
+        let state = AppState::new(engine.clone(), tokenizer, ServerConfig { served_model_names: names, api_key, max_logprobs: args.max_logprobs, defaults, chat_template, root: dir.display().to_string(), max_body_bytes: kern_server::DEFAULT_MAX_BODY_BYTES, tool_format, reasoning });
         // Log readiness (or the load failure) once.
         let watch_engine = engine.clone();
         tokio::spawn(async move {
