@@ -181,7 +181,11 @@ fn run_gguf(file: &Path, opts: &kern_packs::PackOptions, out: &Path) -> Result<E
     std::fs::write(out.join("config.json"), hf + "\n").with_context(|| format!("cannot write {}", out.join("config.json").display()))?;
     let linked = link_gguf(file, out)?;
     let tokenizer = match write_tokenizer(g, out) {
-        Ok(()) => "tokenizer.json + tokenizer_config.json from the GGUF metadata".to_string(),
+        Ok(()) => match add_end_of_turn(&cfg, out) {
+            Ok(a) if a.is_empty() => "tokenizer.json + tokenizer_config.json from the GGUF metadata".to_string(),
+            Ok(a) => format!("tokenizer.json + tokenizer_config.json from the GGUF metadata, end of turn also at {}", a.join(", ")),
+            Err(e) => format!("tokenizer.json + tokenizer_config.json from the GGUF metadata (end-of-turn ids not added: {e:#})"),
+        },
         Err(e) => {
             eprintln!("warning: {}: no tokenizer written ({e:#}): text prompts need a tokenizer.json in {}; --prompt-ids works without", file.display(), out.display());
             "no tokenizer".to_string()
@@ -217,11 +221,39 @@ fn run_gguf(file: &Path, opts: &kern_packs::PackOptions, out: &Path) -> Result<E
 /// Writes DIR/tokenizer.json and tokenizer_config.json (with the chat template) from the
 /// GGUF's `tokenizer.*` metadata, so that DIR is a complete model directory.
 fn write_tokenizer(g: &kern_weights::gguf::Gguf, out: &Path) -> Result<()> {
-    let meta: serde_json::Map<String, serde_json::Value> = g.metadata.iter().filter(|(k, _)| k.starts_with("tokenizer.")).map(|(k, v)| (k.clone(), v.to_json())).collect();
+    // `general.architecture` picks the SentencePiece variant (Gemma's respelled whitespace).
+    let meta: serde_json::Map<String, serde_json::Value> =
+        g.metadata.iter().filter(|(k, _)| k.starts_with("tokenizer.") || k.as_str() == "general.architecture").map(|(k, v)| (k.clone(), v.to_json())).collect();
     let meta = kern_tokenizer::GgufTokenizerMeta::from_json(&serde_json::Value::Object(meta))?;
     let tok = kern_tokenizer::Tokenizer::from_gguf_metadata(meta)?;
     tok.save_dir(out)?;
     Ok(())
+}
+
+/// Adds the family's end-of-turn tokens that the vocabulary has (and the EOS ids do not) to
+/// `DIR/generation_config.json`'s `eos_token_id`, so generation stops at the end of a turn.
+/// Says which it added.
+fn add_end_of_turn(cfg: &kern_packs::Config, out: &Path) -> Result<Vec<String>> {
+    let tok = kern_tokenizer::Tokenizer::from_dir(out)?;
+    let mut eos: Vec<u32> = tok.eos_ids().to_vec();
+    let mut added = vec![];
+    for t in kern_packs::families::def(cfg.family).end_of_turn {
+        if let Some(id) = tok.token_id(t).filter(|id| !eos.contains(id)) {
+            eos.push(id);
+            added.push(format!("{t} ({id})"));
+        }
+    }
+    if added.is_empty() {
+        return Ok(added);
+    }
+    let path = out.join("generation_config.json");
+    let mut gen: serde_json::Value = match std::fs::read_to_string(&path) {
+        Ok(text) => serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?,
+        Err(_) => serde_json::json!({}),
+    };
+    gen["eos_token_id"] = serde_json::json!(eos);
+    std::fs::write(&path, serde_json::to_string_pretty(&gen)? + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(added)
 }
 
 /// Makes FILE the one GGUF file of DIR: nothing when it is already there, else a symbolic link

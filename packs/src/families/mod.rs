@@ -40,6 +40,10 @@ pub struct FamilyDef {
     pub gguf_architectures: &'static [&'static str],
     /// What the family is, in a few words (for `kern pack --help`).
     pub about: &'static str,
+    /// Token texts that end a turn besides the tokenizer's EOS (a GGUF file may name only
+    /// `<eos>`; Gemma's instruct models end turns with `<end_of_turn>`, Llama 3's with
+    /// `<|eot_id|>`): `kern pack --gguf` adds the ones the vocabulary has to the stop ids.
+    pub end_of_turn: &'static [&'static str],
     from_hf: fn(&Value) -> Result<Config, String>,
     from_gguf: fn(&Gguf, &str, &TensorF32<'_>) -> Result<Config, String>,
     gguf_name: fn(&str) -> Option<String>,
@@ -54,6 +58,7 @@ pub const FAMILIES: &[FamilyDef] = &[
         model_types: &["qwen3", "qwen2"],
         gguf_architectures: &["qwen3", "qwen2"],
         about: "Qwen3 dense (q/k norm), Qwen2 / Qwen2.5 (QKV biases)",
+        end_of_turn: &["<|im_end|>", "<|endoftext|>"],
         from_hf: qwen::from_hf,
         from_gguf: qwen::from_gguf,
         gguf_name: qwen::gguf_name,
@@ -65,6 +70,7 @@ pub const FAMILIES: &[FamilyDef] = &[
         model_types: &["llama", "mistral"],
         gguf_architectures: &["llama"],
         about: "Llama 2 / 3.x (llama3, linear, YaRN RoPE), SmolLM2, TinyLlama, Mistral (sliding window), DeepSeek-R1-Distill-Llama",
+        end_of_turn: &["<|eot_id|>", "<|eom_id|>", "<|im_end|>"],
         from_hf: llama::from_hf,
         from_gguf: llama::from_gguf,
         gguf_name: llama::gguf_name,
@@ -76,6 +82,7 @@ pub const FAMILIES: &[FamilyDef] = &[
         model_types: &["gemma3_text", "gemma3"],
         gguf_architectures: &["gemma3"],
         about: "Gemma 3 text (sliding-window and global layers, (1 + w) norms, GeGLU)",
+        end_of_turn: &["<end_of_turn>"],
         from_hf: gemma3::from_hf,
         from_gguf: gemma3::from_gguf,
         gguf_name: gemma3::gguf_name,
@@ -83,7 +90,8 @@ pub const FAMILIES: &[FamilyDef] = &[
     },
 ];
 
-fn def(f: Family) -> &'static FamilyDef {
+/// The family table's row of `f`.
+pub fn def(f: Family) -> &'static FamilyDef {
     FAMILIES.iter().find(|d| d.family == f).expect("every family has a row")
 }
 
