@@ -160,7 +160,7 @@ impl DType {
     /// Bytes of `values` values (not elements) of this dtype, when `values` is a whole number
     /// of blocks (always, for a plain dtype) and the product fits.
     pub fn bytes_for_values(self, values: u64) -> Option<u64> {
-        if values % self.block_elems() != 0 {
+        if !values.is_multiple_of(self.block_elems()) {
             return None;
         }
         (values / self.block_elems()).checked_mul(self.size())
@@ -215,7 +215,7 @@ impl DType {
     }
 }
 
-/// A GGUF *file* type (llama.cpp's `--type` names, `Q4_K_M`), which is a mix of tensor types.
+/// A GGUF *file* type (the quantizer's file-type names, `Q4_K_M`), which is a mix of tensor types.
 fn file_type(s: &str) -> Option<String> {
     let l = s.to_ascii_lowercase();
     let base = l

@@ -64,8 +64,11 @@ pub struct TensorView<'a> {
     pub dtype: Option<DType>,
     /// The element type as the file writes it (`BF16`, `F32`, `I64`, `Q4_K`, ...).
     pub file_dtype: &'static str,
-    /// The ggml type, for a tensor of a GGUF file (block types such as Q4_K have no
-    /// [`TensorView::dtype`]; they are dequantized when loaded).
+    /// The ggml type, for a tensor of a GGUF file: what a pack asks to choose a kernel
+    /// (issue 25). Block types such as Q4_K have no [`TensorView::dtype`] (their shape counts
+    /// values, not blocks): a buffer of the block dtype ([`GgmlType::block_dtype`],
+    /// [`TensorView::native_dtype`]) takes their bytes unchanged, a float buffer gets them
+    /// dequantized.
     pub ggml: Option<GgmlType>,
     /// Dimensions, outermost first.
     pub shape: &'a [usize],
@@ -79,6 +82,34 @@ impl TensorView<'_> {
     pub fn dims(&self) -> Vec<u64> {
         self.shape.iter().map(|&d| d as u64).collect()
     }
+
+    /// The dtype of a buffer that takes this tensor's bytes unchanged: its plain dtype, or for
+    /// a GGUF block type the block dtype (`Q4_K` → `q4_k`). `None` for a type kern has no
+    /// dtype for.
+    pub fn native_dtype(&self) -> Option<DType> {
+        self.dtype.or_else(|| self.ggml.and_then(GgmlType::block_dtype))
+    }
+
+    /// The shape of that buffer: [`TensorView::dims`], with the last dimension counted in
+    /// blocks for a block dtype (`[N, K]` values of Q4_K → `[N, K / 256]`). `None` when there
+    /// is no [`TensorView::native_dtype`] or the last dimension is not whole blocks (a GGUF
+    /// reader refuses such a file).
+    pub fn native_shape(&self) -> Option<Vec<u64>> {
+        block_shape(&self.dims(), self.native_dtype()?.block_elems())
+    }
+}
+
+/// `values` (a shape in values) with its last dimension counted in blocks of `block` values,
+/// when it divides; a shape without dimensions is one value.
+pub(crate) fn block_shape(values: &[u64], block: u64) -> Option<Vec<u64>> {
+    let mut s = values.to_vec();
+    match s.last_mut() {
+        Some(last) if last.is_multiple_of(block) => *last /= block,
+        Some(_) => return None,
+        None if block == 1 => {}
+        None => return None,
+    }
+    Some(s)
 }
 
 impl Checkpoint {
@@ -387,12 +418,14 @@ impl Checkpoint {
 
     /// Tensor `name`, all of it, in dtype `to` (little-endian): a float tensor converted with
     /// one round to nearest even, a GGUF block type dequantized (bit-exact with gguf-py when
-    /// `to` is f32); other dtypes only as they are. For `kern extract` and tests; loading
-    /// streams instead ([`crate::LoadPlan`]).
+    /// `to` is f32) or, when `to` is its block dtype (`q4_k` for Q4_K), its blocks as they are;
+    /// other dtypes only as they are. For `kern extract` and tests; loading streams instead
+    /// ([`crate::LoadPlan`]).
     pub fn read_as(&self, name: &str, to: DType) -> Result<Vec<u8>> {
         use crate::convert::{convert_source, convertible, is_float, Source};
         let v = self.tensor(name)?;
         let source = match (v.dtype, v.ggml) {
+            (_, Some(t)) if to.is_block() && t.block_dtype() == Some(to) => Source::Plain(to),
             (Some(d), Some(_)) if d == to => Source::Plain(d),
             (_, Some(t)) if t.dequantizable() && is_float(to) => Source::Blocks(t),
             (Some(d), _) if convertible(d, to) => Source::Plain(d),

@@ -2,7 +2,8 @@
 //! ones a manifest declares: bf16, f16, f32 and f64, rounding to nearest even (the `half`
 //! crate's conversions, which keep NaN a NaN and turn out-of-range values into infinities).
 //! Every other dtype must match the manifest's exactly: kern does not guess what an integer
-//! or FP8 tensor in another type means.
+//! or FP8 tensor in another type means. GGUF block dtypes (`q4_k`, …) are copied as they are,
+//! one block per element.
 
 use half::{bf16, f16};
 use kern_manifest::DType;

@@ -70,6 +70,25 @@ pub enum WeightsError {
         file: PathBuf,
     },
 
+    /// A GGUF block tensor whose shape is not the block buffer's (issue 25); the message
+    /// names the tensor's shape in values and in blocks, the block size and the declared shape.
+    #[error("buffers.{buffer}: {message}")]
+    BlockShape { buffer: String, message: String },
+
+    /// A block buffer (`q4_k`, …) whose tensor is not a GGUF tensor of that block type: blocks
+    /// load only as they are, never converted or quantized.
+    #[error("buffers.{buffer}: checkpoint tensor `{tensor}` is {got}; the manifest declares {want}, which takes a GGUF {} tensor's blocks as they are: {} ({})", want.ggml_name().unwrap_or("block"), block_fix(.got, *.want, *.gguf), file.display())]
+    BlockType {
+        buffer: String,
+        tensor: String,
+        /// The type as the file names it (`Q6_K`, `BF16`, ...).
+        got: String,
+        want: kern_manifest::DType,
+        /// Whether the tensor is from a GGUF file.
+        gguf: bool,
+        file: PathBuf,
+    },
+
     /// The tensors of a concatenation do not add up to the buffer.
     #[error("buffers.{buffer}: {message}")]
     Concat { buffer: String, message: String },
@@ -118,6 +137,17 @@ fn suggest(names: &[String]) -> String {
     } else {
         let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
         format!(" (similar names: {})", quoted.join(", "))
+    }
+}
+
+/// What to do about a tensor of type `got` in a block buffer of `want`.
+fn block_fix(got: &str, want: kern_manifest::DType, gguf: bool) -> String {
+    let named = crate::gguf::GgmlType::by_name(got).filter(|_| gguf);
+    match named.and_then(|t| t.block_dtype()) {
+        Some(d) => format!("declare this weight `{d}` and give it to an op that takes `in buffer<{d}>` (a quantized file mixes types: each weight declares its own)"),
+        None if gguf && named.is_some_and(|t| t.block_elems == 1) => format!("declare this weight {} (kern does not quantize at load)", named.and_then(|t| t.plain_dtype()).map_or("with a float dtype".to_string(), |d| format!("`{d}`"))),
+        None if gguf => "declare this weight with a float dtype (bf16) to have it dequantized".to_string(),
+        None => format!("a {want} buffer loads from a GGUF file only; declare this weight with the tensor's own dtype"),
     }
 }
 

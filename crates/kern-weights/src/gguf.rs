@@ -114,6 +114,44 @@ impl GgmlType {
         })
     }
 
+    /// kern's block dtype for a GGUF block type a buffer can hold as it is (`Q4_K` → `q4_k`;
+    /// issue 25): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K … Q6_K. `None` for plain types and
+    /// for the block types kern has no dtype for (Q8_1, Q8_K, the IQ and TQ types, MXFP4, …).
+    /// The dtype's [`DType::size`](kern_manifest::DType::size) and
+    /// [`DType::block_elems`](kern_manifest::DType::block_elems) are this type's
+    /// `block_bytes` and `block_elems`.
+    pub fn block_dtype(self) -> Option<kern_manifest::DType> {
+        use kern_manifest::DType;
+        Some(match self.id {
+            2 => DType::Q4_0,
+            3 => DType::Q4_1,
+            6 => DType::Q5_0,
+            7 => DType::Q5_1,
+            8 => DType::Q8_0,
+            10 => DType::Q2K,
+            11 => DType::Q3K,
+            12 => DType::Q4K,
+            13 => DType::Q5K,
+            14 => DType::Q6K,
+            _ => return None,
+        })
+    }
+
+    /// The dtype of a buffer that holds a tensor of this type unchanged: the plain dtype
+    /// ([`GgmlType::plain_dtype`]) or the block dtype ([`GgmlType::block_dtype`]); `None` when
+    /// kern has neither (such a tensor can still be dequantized into a float buffer when
+    /// [`GgmlType::dequantizable`]).
+    pub fn dtype(self) -> Option<kern_manifest::DType> {
+        self.plain_dtype().or_else(|| self.block_dtype())
+    }
+
+    /// The GGUF type whose tensors a buffer of `dtype` holds unchanged: the inverse of
+    /// [`GgmlType::dtype`] (`q4_k` → `Q4_K`, `f32` → `F32`); `None` for a dtype GGUF has no
+    /// type for (`u8`, FP8, …).
+    pub fn for_dtype(dtype: kern_manifest::DType) -> Option<GgmlType> {
+        TYPES.iter().copied().find(|t| t.dtype() == Some(dtype))
+    }
+
     /// Whether [`crate::dequant`] turns this type into f32 (bit-exact with gguf-py).
     pub fn dequantizable(self) -> bool {
         crate::dequant::DEQUANTIZED.contains(&self.name)
@@ -714,5 +752,26 @@ mod tests {
         }
         assert_eq!(GgmlType::from_id(12).unwrap().name, "Q4_K");
         assert_eq!(GgmlType::from_id(4), None);
+    }
+
+    #[test]
+    fn block_dtypes_have_the_types_geometry() {
+        use kern_manifest::DType;
+        let mut blocks = vec![];
+        for t in TYPES {
+            if let Some(d) = t.block_dtype() {
+                assert_eq!((d.size(), d.block_elems()), (u64::from(t.block_bytes), u64::from(t.block_elems)), "{t}");
+                assert_eq!(d.ggml_name(), Some(t.name));
+                assert!(t.plain_dtype().is_none() && t.dequantizable(), "{t}");
+                blocks.push(d);
+            }
+            if let Some(d) = t.dtype() {
+                assert_eq!(GgmlType::for_dtype(d), Some(*t), "{t}");
+            }
+        }
+        assert_eq!(blocks, DType::BLOCKS, "every block dtype has its ggml type, in order");
+        assert_eq!(GgmlType::for_dtype(DType::Q4K).map(|t| t.name), Some("Q4_K"));
+        assert_eq!(GgmlType::for_dtype(DType::F8e4m3), None);
+        assert_eq!(GgmlType::by_name("Q8_K").unwrap().dtype(), None);
     }
 }

@@ -29,6 +29,18 @@
 //! reversed); plain types (F32, F16, BF16, integers) behave like safetensors dtypes, and block
 //! types are dequantized into float buffers by [`dequant`] — bit-exact with the `gguf` Python
 //! package, on every core — wherever a tensor source reads them (tensor and concat alike).
+//!
+//! Quantized weights as they are (issue 25): a buffer of a GGUF block dtype (`q4_k`, …, whose
+//! element is one block) takes a GGUF tensor of exactly that type, its bytes unchanged. Its
+//! shape counts blocks in the last dimension: a tensor of `[N, K]` values is `[N, K / 256]` for
+//! `q4_k`. Concatenations and shards work in those elements (whole rows along axis 0, whole
+//! blocks along the last axis). A tensor of another type is an error naming both types. A pack
+//! learns a tensor's type from [`TensorView::ggml`] (`ckpt.tensor(name)?.ggml`), maps it with
+//! [`gguf::GgmlType::block_dtype`] / [`gguf::GgmlType::dtype`] (and back with
+//! [`gguf::GgmlType::for_dtype`]), and gets the buffer to declare from
+//! [`TensorView::native_dtype`] and [`TensorView::native_shape`]. FP8 safetensors (`F8_E4M3`
+//! weights and their `F32` `weight_scale_inv`) load into `f8e4m3` / `f32` buffers unchanged,
+//! like every dtype that is not converted.
 
 mod checkpoint;
 pub mod convert;

@@ -189,8 +189,8 @@ impl<'c> LoadPlan<'c> {
         Self::new(ckpt, &manifest.buffers)
     }
 
-    /// Sets the largest chunk [`LoadPlan::stream`] hands over (at least 8 bytes, one element
-    /// of any dtype).
+    /// Sets the largest chunk [`LoadPlan::stream`] hands over (at least 8 bytes; an element
+    /// larger than a chunk, such as a 144-byte `q4_k` block, is handed over in pieces).
     pub fn with_chunk_bytes(mut self, n: usize) -> Self {
         self.chunk_bytes = n.max(8);
         self

@@ -1,7 +1,7 @@
 //! Matching one manifest weight buffer with the checkpoint tensors that fill it: shapes and
 //! dtypes checked, and the buffer's bytes described as a sequence of source slices.
 
-use crate::checkpoint::{Checkpoint, TensorView};
+use crate::checkpoint::{block_shape, Checkpoint, TensorView};
 use crate::convert::{convertible, is_float, Source};
 use crate::error::{dims, WeightsError};
 use kern_manifest::{Buffer, DType, Role, WeightSource};
@@ -193,6 +193,19 @@ pub(crate) fn resolve_rank<'c>(
         }
     }
 
+    // Values per element: the block size for a block buffer, whose shapes count blocks.
+    let block = b.dtype.block_elems();
+    // A shape in the buffer's elements, with the values it stands for when they differ.
+    let show = |s: &[u64]| {
+        if block == 1 {
+            return dims(s);
+        }
+        let mut v = s.to_vec();
+        if let Some(last) = v.last_mut() {
+            *last = last.saturating_mul(block);
+        }
+        format!("{} in blocks of {block} values ({} in values)", dims(s), dims(&v))
+    };
     let mut problems = vec![];
     let mut parts = vec![];
     for (i, name) in names.iter().enumerate() {
@@ -204,6 +217,22 @@ pub(crate) fn resolve_rank<'c>(
             }
         };
         let source = match (view.dtype, view.ggml) {
+            // A block buffer (issue 25) takes a GGUF tensor of exactly its type, unchanged:
+            // its elements are the file's blocks.
+            _ if b.dtype.is_block() => match view.ggml {
+                Some(t) if t.block_dtype() == Some(b.dtype) => Source::Plain(b.dtype),
+                _ => {
+                    problems.push(WeightsError::BlockType {
+                        buffer: b.name.clone(),
+                        tensor: name.clone(),
+                        got: view.file_dtype.to_string(),
+                        want: b.dtype,
+                        gguf: view.ggml.is_some(),
+                        file: view.file.to_path_buf(),
+                    });
+                    continue;
+                }
+            },
             // A GGUF tensor already in the buffer's dtype is copied; any other float GGUF type
             // (F16 and F32 too) goes through the dequantizer, bit-exact with gguf-py.
             (Some(d), Some(_)) if d == b.dtype => Source::Plain(d),
@@ -229,7 +258,20 @@ pub(crate) fn resolve_rank<'c>(
                 continue;
             }
         };
-        let got = view.dims();
+        // The tensor's shape in the buffer's elements: for a block buffer, the last dimension
+        // counts blocks (GGUF rows are whole blocks; the reader refuses other files).
+        let values = view.dims();
+        let Some(got) = block_shape(&values, block) else {
+            problems.push(WeightsError::Buffer {
+                buffer: b.name.clone(),
+                message: format!(
+                    "checkpoint tensor `{name}` has shape {}, whose rows are not whole {} blocks of {block} values",
+                    dims(&values),
+                    b.dtype
+                ),
+            });
+            continue;
+        };
         // A shard: the tensor's extent along the axis must divide into the parts; the slice
         // then stands for the tensor in the checks below.
         let mut cut = got.clone();
@@ -243,8 +285,13 @@ pub(crate) fn resolve_rank<'c>(
                 continue;
             };
             if full % parts != 0 {
+                let long = if block > 1 && dim + 1 == got.len() {
+                    format!("{full} blocks of {block} values ({}) long", b.dtype)
+                } else {
+                    format!("{full} long")
+                };
                 problems.push(shard_err(format!(
-                    "checkpoint tensor `{name}` is {full} long along dimension {dim}, which does not divide into {parts} parts: change `parts` (a divisor of {full}) or the tensor-parallel size"
+                    "checkpoint tensor `{name}` is {long} along dimension {dim}, which does not divide into {parts} parts: change `parts` (a divisor of {full}) or the tensor-parallel size"
                 )));
                 continue;
             }
@@ -257,9 +304,24 @@ pub(crate) fn resolve_rank<'c>(
                 if shard.is_some() {
                     problems.push(shard_err(format!(
                         "the slice of checkpoint tensor `{name}` has shape {}, the manifest declares {}",
-                        dims(&got),
+                        show(&got),
                         dims(&shape)
                     )));
+                    continue;
+                }
+                if block > 1 {
+                    problems.push(WeightsError::BlockShape {
+                        buffer: b.name.clone(),
+                        message: format!(
+                            "checkpoint tensor `{name}` is {} of shape {} in values, which is {} in blocks of {block} values; the manifest declares {} (a {} buffer counts its last dimension in blocks) ({})",
+                            view.file_dtype,
+                            dims(&values),
+                            dims(&got),
+                            dims(&shape),
+                            b.dtype,
+                            view.file.display()
+                        ),
+                    });
                     continue;
                 }
                 problems.push(WeightsError::Shape {
@@ -286,7 +348,7 @@ pub(crate) fn resolve_rank<'c>(
                     .collect();
                 problems.push(concat_err(format!(
                     "checkpoint tensor `{name}` has shape {}; to be concatenated along axis {axis} into {} it must have shape [{}]",
-                    dims(&got),
+                    show(&got),
                     dims(&shape),
                     want.join(", ")
                 )));
