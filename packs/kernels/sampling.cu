@@ -19,6 +19,15 @@
 //      renormalized top-p set. At most 64 rounds, then the argmax (always in the set).
 // temperature < 1e-5 (or NaN) -> greedy (the argmax of step 1).
 //
+// Token mask (`sample_masked`; step ABI `token_mask` + `mask_rows`, docs/step-abi.md): row s with
+// mask_rows[s] = r >= 0 may only choose tokens whose bit is set in token_mask[r * mask_words ..]
+// (bit t % 32 of word t / 32; tokens past mask_words * 32 never). Every step above runs over the
+// allowed tokens only — as if forbidden logits were -inf: the argmax is the best allowed token
+// (an allowed NaN still wins), top-k / top-p select among the allowed, the weights of forbidden
+// tokens are 0. mask_rows[s] = -1 (a free row, and every padded row) costs one load and runs the
+// unmasked code path, so `sample` and `sample_masked` agree bit for bit on free rows. A row whose
+// mask allows nothing falls back to token 0 (the engine never sends one).
+//
 // Built WITHOUT --use_fast_math (expf and the division must be exact library functions).
 #include "common.cuh"
 
@@ -28,6 +37,16 @@ using namespace kern;
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
 #define SAMPLE_MAX_ROUNDS 64
 
+// ----------------------------------------------------------------------------- token mask
+// A row's allowed tokens: `w` null = every token.
+struct RowMask {
+    const unsigned* w;
+    int words;
+    __device__ __forceinline__ bool ok(int i) const {
+        return w == nullptr || ((i >> 5) < words && ((__ldg(w + (i >> 5)) >> (i & 31)) & 1u));
+    }
+};
+
 // ----------------------------------------------------------------------------- argmax helpers
 static __device__ __forceinline__ bool better(float a, int ia, float b, int ib) {
     const bool an = isnan(a), bn = isnan(b);
@@ -35,8 +54,8 @@ static __device__ __forceinline__ bool better(float a, int ia, float b, int ib) 
     return a > b || (a == b && ia < ib);
 }
 
-// Block-wide argmax of row[0..V); every thread gets the result.
-static __device__ int block_argmax(const float* __restrict__ row, int V, float* sv, int* si) {
+// Block-wide argmax of row[0..V) over the tokens `m` allows; every thread gets the result.
+static __device__ int block_argmax(const float* __restrict__ row, int V, float* sv, int* si, RowMask m = RowMask{nullptr, 0}) {
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     const int tid = threadIdx.x, nt = blockDim.x;
@@ -45,15 +64,15 @@ static __device__ int block_argmax(const float* __restrict__ row, int V, float* 
         for (int c = tid; c < (V >> 2); c += nt) {
             const float4 v = r4[c];
             const int i = c * 4;
-            if (better(v.x, i, bv, bi)) bv = v.x, bi = i;
-            if (better(v.y, i + 1, bv, bi)) bv = v.y, bi = i + 1;
-            if (better(v.z, i + 2, bv, bi)) bv = v.z, bi = i + 2;
-            if (better(v.w, i + 3, bv, bi)) bv = v.w, bi = i + 3;
+            if (m.ok(i) && better(v.x, i, bv, bi)) bv = v.x, bi = i;
+            if (m.ok(i + 1) && better(v.y, i + 1, bv, bi)) bv = v.y, bi = i + 1;
+            if (m.ok(i + 2) && better(v.z, i + 2, bv, bi)) bv = v.z, bi = i + 2;
+            if (m.ok(i + 3) && better(v.w, i + 3, bv, bi)) bv = v.w, bi = i + 3;
         }
     } else {
         for (int i = tid; i < V; i += nt) {
             const float v = row[i];
-            if (better(v, i, bv, bi)) bv = v, bi = i;
+            if (m.ok(i) && better(v, i, bv, bi)) bv = v, bi = i;
         }
     }
 #pragma unroll
@@ -164,11 +183,10 @@ static __device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long 
     return v;
 }
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
-sample(int* __restrict__ out, const float* __restrict__ logits, const float* __restrict__ temperature,
-       const int* __restrict__ top_k, const float* __restrict__ top_p, const unsigned long long* __restrict__ seeds,
-       const int* __restrict__ rng_pos, int seqs, int vocab) {
-    KERN_PDL_WAIT();
+// One sequence's token (a CTA per row); `m` restricts it to the allowed tokens.
+static __device__ __forceinline__ void sample_row(int* __restrict__ out, const float* __restrict__ logits, const float* __restrict__ temperature,
+                                  const int* __restrict__ top_k, const float* __restrict__ top_p, const unsigned long long* __restrict__ seeds,
+                                  const int* __restrict__ rng_pos, int seqs, int vocab, RowMask m) {
     __shared__ float sv[32];
     __shared__ int si[32];
     __shared__ unsigned int hist[256];
@@ -182,13 +200,13 @@ sample(int* __restrict__ out, const float* __restrict__ logits, const float* __r
     const int V = vocab;
     const float* row = logits + (size_t)s * V;
 
-    const int amax = block_argmax(row, V, sv, si);
+    const int amax = block_argmax(row, V, sv, si, m);
     const float T = temperature[s];
     if (!(T >= 1e-5f)) {  // greedy (also for NaN / negative temperatures)
         if (tid == 0) out[s] = amax;
         return;
     }
-    const float m = row[amax] / T;
+    const float mx = row[amax] / T;
     const int K = top_k[s];
     const float P = top_p[s];
 
@@ -203,7 +221,7 @@ sample(int* __restrict__ out, const float* __restrict__ logits, const float* __r
             for (int base = 0; base < V; base += SAMPLE_THREADS) {  // warp-uniform trip count
                 const int i = base + tid;
                 int bin = 256;
-                if (i < V) {
+                if (i < V && m.ok(i)) {
                     const uint32_t key = fkey(row[i] / T);
                     if ((key & mask) == prefix) bin = (key >> shift) & 255;
                 }
@@ -242,7 +260,7 @@ sample(int* __restrict__ out, const float* __restrict__ logits, const float* __r
         unsigned long long acc = 0;
         for (int i = s0 + lane; i < s1; i += 32) {
             const float x = row[i] / T;
-            if (fkey(x) >= lower) acc += fixw(expf(x - m));
+            if (fkey(x) >= lower && m.ok(i)) acc += fixw(expf(x - mx));
         }
         acc = warp_sum_u64(acc);
         __syncthreads();
@@ -284,9 +302,9 @@ sample(int* __restrict__ out, const float* __restrict__ logits, const float* __r
             for (int base = s0; base < s1; base += 32) {
                 const int i = base + lane;
                 unsigned long long w = 0;
-                if (i < s1) {
+                if (i < s1 && m.ok(i)) {
                     const float x = row[i] / T;
-                    if (fkey(x) >= lower) w = fixw(expf(x - m));
+                    if (fkey(x) >= lower) w = fixw(expf(x - mx));
                 }
                 unsigned long long incl = w;
 #pragma unroll
@@ -316,7 +334,7 @@ sample(int* __restrict__ out, const float* __restrict__ logits, const float* __r
         for (int i = tid; i < V; i += SAMPLE_THREADS) {
             const float x = row[i] / T;
             const uint32_t kx = fkey(x);
-            if (kx >= kth && kx > ktok) ab += fixw(expf(x - m));
+            if (kx >= kth && kx > ktok && m.ok(i)) ab += fixw(expf(x - mx));
         }
         ab = warp_sum_u64(ab);
         __syncthreads();
@@ -332,4 +350,27 @@ sample(int* __restrict__ out, const float* __restrict__ logits, const float* __r
         lower = ktok + 1;  // every token with x <= x_tok is outside the top-p set
     }
     if (tid == 0) out[s] = (result >= 0 && result < V) ? result : 0;
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+sample(int* __restrict__ out, const float* __restrict__ logits, const float* __restrict__ temperature,
+       const int* __restrict__ top_k, const float* __restrict__ top_p, const unsigned long long* __restrict__ seeds,
+       const int* __restrict__ rng_pos, int seqs, int vocab) {
+    KERN_PDL_WAIT();
+    sample_row(out, logits, temperature, top_k, top_p, seeds, rng_pos, seqs, vocab, RowMask{nullptr, 0});
+}
+
+// `sample` restricted by the step's token mask: token_mask [mask rows, mask_words] u32,
+// mask_rows [seqs] i32 (the token_mask row of each sequence, -1: free).
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+sample_masked(int* __restrict__ out, const float* __restrict__ logits, const float* __restrict__ temperature,
+              const int* __restrict__ top_k, const float* __restrict__ top_p, const unsigned long long* __restrict__ seeds,
+              const int* __restrict__ rng_pos, const unsigned* __restrict__ token_mask, const int* __restrict__ mask_rows,
+              int mask_words, int seqs, int vocab) {
+    KERN_PDL_WAIT();
+    const int s = blockIdx.x;
+    if (s >= seqs) return;
+    const int r = mask_rows[s];
+    const RowMask m = r < 0 ? RowMask{nullptr, 0} : RowMask{token_mask + (size_t)r * mask_words, mask_words};
+    sample_row(out, logits, temperature, top_k, top_p, seeds, rng_pos, seqs, vocab, m);
 }
