@@ -776,7 +776,7 @@ fn to_cuda(e: RuntimeError) -> kern_cuda::CudaError {
 }
 
 /// The next power of two ≥ `v`, capped at `max`.
-/// The NCCL element type of a manifest dtype (none for i16, u16, bool).
+/// The NCCL element type of a manifest dtype (none for i16, u16, bool and the GGUF block dtypes).
 pub(crate) fn nccl_type(d: kern_manifest::DType) -> Option<kern_cuda::nccl::NcclType> {
     use kern_cuda::nccl::NcclType as N;
     use kern_manifest::DType as D;
