@@ -5,7 +5,7 @@
 //! A model family writes tool calls its own way; [`ToolFormat`] is that way (how calls are
 //! recognized, and the grammar that forces one). [`Tagged`] is the format whose calls are JSON
 //! objects `{"name": …, "arguments": {…}}` between `<tool_call>` and `</tool_call>` (the Hermes
-//! format; docs/serving.md lists the models that use it). Another format (a JSON object after a
+//! format; docs/structured-output.md lists the models that use it). Another format (a JSON object after a
 //! marker token, a bracketed list) is another implementation of the trait.
 
 use crate::error::ApiError;
