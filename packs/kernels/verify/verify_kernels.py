@@ -46,6 +46,26 @@ MODULE_OF = {
 
 # attention_prefill.cu (tensor-core prefill attention, `kern pack --prefill-attention tc`)
 MODULE_OF.update({"attention_prefill_d128": "attention_prefill", "attention_prefill_d64": "attention_prefill"})
+# Llama / Gemma 3 (2026-12-03): head_dim 256, Gemma's zero-centred norms, GeGLU, the fp32-residual embedding
+MODULE_OF.update({"attention_d256": "attention", "attention_decode_d256": "attention_decode",
+                  "attention_combine_d256": "attention_decode", "rms_norm_off": "rowwise", "add_rms_norm_off": "rowwise",
+                  "rms_norm_f32_off": "rowwise", "add_rms_norm_f32_off": "rowwise", "geglu_tanh": "rowwise",
+                  "embedding_f32": "rowwise"})
+
+# Dynamic shared memory of the head_dim-256 attention entries: their shared-memory struct is above
+# the 48 KiB a kernel may declare statically (KERN_SMEM, common.cuh), so every launch must give at
+# least sizeof(AttSmem<256>) / sizeof(DecSmem<256>) bytes (a launch with less traps). The host
+# emulation static_asserts these numbers (packs/kernels/verify/host_emu). Other D: 0 (static).
+ATT_SMEM_D256 = 86032   # attention_d256
+DEC_SMEM_D256 = 83984   # attention_decode_d256 (attention_combine_d256: static, 0)
+
+
+def att_smem(D):
+    return ATT_SMEM_D256 if D == 256 else 0
+
+
+def dec_smem(D):
+    return DEC_SMEM_D256 if D == 256 else 0
 
 EPS = 1e-6
 THETA = 1e6
@@ -198,12 +218,17 @@ class F32:
         self.v = float(v)
 
 
+class NULL:  # a null pointer argument (qk_norm_rope's inv_freq without a table)
+    t = None
+
+
 class Kernels:
     def __init__(self, cubin_dir, mock):
         self.dir = cubin_dir
         self.mock = mock
         self.mods = {}
         self.fns = {}
+        self.smem_set = {}
 
     def fn(self, name):
         if name in self.fns:
@@ -218,49 +243,62 @@ class Kernels:
         self.fns[name] = self.mods[stem].get_function(name)
         return self.fns[name]
 
-    def launch(self, name, grid, block, args, smem=0):
-        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
-        block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
-        assert all(g >= 1 for g in grid), f"{name}: empty grid {grid}"
-        if self.mock:
-            vals = [a.t if isinstance(a, P) else a.v for a in args]
-            MOCKS[name](grid, block, *vals)
-            return
+    def fn_smem(self, name, smem):
+        """The function, its dynamic shared memory limit raised to `smem` when that is above the
+        default 48 KiB (as kern's runtime does for a manifest's `shared`)."""
+        f = self.fn(name)
+        if smem > 48 * 1024 and self.smem_set.get(name, 0) < smem:
+            f.max_dynamic_shared_size_bytes = int(smem)
+            self.smem_set[name] = smem
+        return f
+
+    @staticmethod
+    def conv_args(args):
         conv = []
         for a in args:
             if isinstance(a, P):
                 assert a.t.is_cuda and a.t.is_contiguous()
                 conv.append(np.uint64(a.t.data_ptr()))
+            elif isinstance(a, NULL):
+                conv.append(np.uint64(0))
             elif isinstance(a, I32):
                 conv.append(np.int32(a.v))
             elif isinstance(a, F32):
                 conv.append(np.float32(a.v))
             else:
                 raise TypeError(a)
-        f = self.fn(name)
+        return tuple(conv)
+
+    def launch(self, name, grid, block, args, smem=0):
+        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
+        assert all(g >= 1 for g in grid), f"{name}: empty grid {grid}"
+        if self.mock:
+            vals = [a.t if isinstance(a, (P, NULL)) else a.v for a in args]
+            MOCKS[name](grid, block, *vals)
+            return
+        conv = self.conv_args(args)
+        f = self.fn_smem(name, smem)
         torch.cuda.synchronize()
-        f(grid, block, tuple(conv), shared_mem=smem)
+        f(grid, block, conv, shared_mem=smem)
         torch.cuda.synchronize()
 
-    def timed(self, name, grid, block, args, iters=20):
+    def timed(self, name, grid, block, args, iters=20, smem=0):
         """Average µs per launch (GPU only)."""
         if self.mock:
             return None
         grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
-        conv = []
-        for a in args:
-            conv.append(np.uint64(a.t.data_ptr()) if isinstance(a, P) else
-                        np.int32(a.v) if isinstance(a, I32) else np.float32(a.v))
-        f = self.fn(name)
+        conv = self.conv_args(args)
+        f = self.fn_smem(name, smem)
         for _ in range(3):
-            f(grid, block, tuple(conv))
+            f(grid, block, conv, shared_mem=smem)
         torch.cuda.synchronize()
         e0 = torch.cuda.Event(enable_timing=True)
         e1 = torch.cuda.Event(enable_timing=True)
         e0.record()
         for _ in range(iters):
-            f(grid, block, tuple(conv))
+            f(grid, block, conv, shared_mem=smem)
         e1.record()
         torch.cuda.synchronize()
         return e0.elapsed_time(e1) * 1000.0 / iters
@@ -411,6 +449,98 @@ def pool_view(pool, layers, page_tokens, kvh, D):
     return pool.view(-1, layers, 2, page_tokens, kvh, D)
 
 
+# ---- Gemma 3 / Llama references (2026-12-03)
+def gemma_rmsnorm(x, w, off=1.0, eps=EPS):
+    """transformers Gemma3RMSNorm.forward: (x.float() * rsqrt(mean(x²) + eps)) * (off + w.float()) in
+    fp32, cast to bf16 once (off = 1: Hugging Face weights; 0: GGUF weights, the 1 already added)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * (off + w.float())).to(BF)
+
+
+def ref_rmsnorm_off(x64, w, off=1.0, eps=EPS):
+    return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * (off + w.double())
+
+
+def kern_inv_freq(D, theta=THETA):
+    """qk_norm_rope's computed inverse frequencies exactly: 1 / fp32(pow(theta, fp32(2i) / fp32(D))), the
+    pow in double (KERNELS.md). An `inv_freq` table holding these must give the computed path's bits."""
+    out = []
+    for i in range(D // 2):
+        e = np.float32(2 * i) / np.float32(D)
+        p = np.float32(math.pow(float(np.float32(theta)), float(e)))
+        out.append(np.float32(1.0) / p)
+    return torch.tensor(np.array(out, dtype=np.float32))
+
+
+def llama3_inv_freq(D, theta=500000.0, factor=8.0, low=1.0, high=4.0, original=8192):
+    """transformers _compute_llama3_parameters (fp32, on the CPU): Llama 3.1's scaled frequencies."""
+    inv = hf_inv_freq(D, theta)
+    low_wavelen, high_wavelen = original / low, original / high
+    wavelen = 2 * math.pi / inv
+    inv_l = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
+    is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, inv_l)
+
+
+def rope_cos_sin(pos, inv, cos_scale=1.0):
+    """cos / sin [n, D/2] of positions `pos` for the fp32 inverse frequencies `inv`, as transformers
+    computes them (freqs = pos.float() * inv in fp32; cos() * attention_scaling in fp32; .to(bf16)),
+    and the fp64 ones."""
+    inv = inv.to(DEV).float()
+    fr = pos.to(DEV).float()[:, None] * inv[None, :]
+    ang = pos.to(DEV).double()[:, None] * inv.double()[None, :]
+    return ((fr.cos() * cos_scale).to(BF), (fr.sin() * cos_scale).to(BF), ang.cos() * cos_scale,
+            ang.sin() * cos_scale)
+
+
+def apply_rope(x, c, s, adjacent=False):
+    """x [n, H, D] rotated with c, s [n, D/2]: neox (x * cat(c, c) + rotate_half(x) * cat(s, s)) or, with
+    `adjacent`, the pairs (2i, 2i + 1) by angle i. In x's dtype: on bf16 every product and the sum are
+    rounded, as transformers' apply_rotary_pos_emb on bf16 tensors."""
+    if adjacent:
+        cc, ss = c.repeat_interleave(2, dim=-1)[:, None, :], s.repeat_interleave(2, dim=-1)[:, None, :]
+        rot = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+    else:
+        cc, ss = torch.cat((c, c), dim=-1)[:, None, :], torch.cat((s, s), dim=-1)[:, None, :]
+        rot = rotate_half(x)
+    return x * cc + rot * ss
+
+
+def gguf_permute(t, D):
+    """llama.cpp's convert_hf_to_gguf permutation of q / k rows, per head of D: element 2i + j of the
+    GGUF head is element i + j * D/2 of the Hugging Face head (t [..., D])."""
+    half = D // 2
+    return torch.stack((t[..., :half], t[..., half:]), dim=-1).flatten(-2)
+
+
+def qkr_refs(qkv0, n, Hq, Hkv, D, flags, qn, kn, bias, pos, inv=None, cos_scale=1.0, off=0.0, theta=THETA):
+    """qk_norm_rope's outputs for the step, as transformers computes them (bf16 ops) and in fp64:
+    (q, k, v, q64, k64) with q [n, Hq, D], k / v [n, Hkv, D]. flags: 1 the q / k norm (Qwen3RMSNorm, or
+    with 4 Gemma3RMSNorm with offset `off`), 2 the QKV bias, 8 adjacent pairs; inv: the fp32 inverse
+    frequencies (None: the kernel's computed ones from theta); cos_scale: YaRN's attention factor."""
+    x = qkv0.view(n, Hq + 2 * Hkv, D)
+    if flags & 2:
+        x = x + bias.view(Hq + 2 * Hkv, D)  # bf16 add
+    q, k, v = x[:, :Hq], x[:, Hq:Hq + Hkv], x[:, Hq + Hkv:]
+    q64, k64 = q.double(), k.double()
+    if flags & 1:
+        if flags & 4:
+            q, k = gemma_rmsnorm(q, qn, off), gemma_rmsnorm(k, kn, off)
+            q64, k64 = ref_rmsnorm_off(q64, qn, off), ref_rmsnorm_off(k64, kn, off)
+        else:
+            q, k = hf_rmsnorm(q, qn), hf_rmsnorm(k, kn)
+            q64, k64 = ref_rmsnorm(q64, qn), ref_rmsnorm(k64, kn)
+    if inv is None:
+        inv = hf_inv_freq(D, theta)
+    c, s_, c64, s64 = rope_cos_sin(pos, inv, cos_scale)
+    adj = bool(flags & 8)
+    return (apply_rope(q, c, s_, adj), apply_rope(k, c, s_, adj), v, apply_rope(q64, c64, s64, adj),
+            apply_rope(k64, c64, s64, adj))
+
+
 # ============================================================================ group: rowwise
 def g_rowwise(K, R, quick):
     # ---- embedding
@@ -425,7 +555,7 @@ def g_rowwise(K, R, quick):
                 ids[0], ids[1], ids[2] = -1, V, V + 7
             ids = ids.to(DEV)
             out = nanfull((n + 2, H))
-            K.launch("embedding", (n,), (128,), [P(out), P(table), P(ids), I32(n), I32(H), I32(V)])
+            K.launch("embedding", (n,), (128,), [P(out), P(table), P(ids), I32(n), I32(H), I32(V), F32(1.0)])
             valid = (ids >= 0) & (ids < V)
             ref = torch.zeros((n, H), dtype=BF, device=DEV)
             ref[valid] = table[ids[valid].long()]
@@ -504,6 +634,97 @@ def g_rowwise(K, R, quick):
         R.case("gather_last", shape, run)
 
 
+    rowwise_new_cases(K, R, quick)
+
+
+def rowwise_new_cases(K, R, quick):
+    """The entries of 2026-12-03 (Gemma 3): the scaled embedding (and embedding_f32), the zero-centred
+    norms (*_off), geglu_tanh."""
+    # ---- embedding / embedding_f32 with a scale: Gemma3TextScaledWordEmbedding, embed(ids) *
+    # embed_scale.to(bf16) (scale = bf16(sqrt(hidden))): one bf16 multiply; scale 1: a copy
+    for (V, H, n, scale) in ([(1000, 1152, 7, None), (4000, 2560, 64, None), (1000, 1003, 5, 3.0), (1000, 1024, 9, 1.0)]
+                             if not quick else [(100, 1152, 7, None), (100, 1024, 3, 1.0)]):
+        sc = float(torch.tensor(math.sqrt(H)).to(BF).float()) if scale is None else scale
+        shape = f"V={V} H={H} n={n} scale={sc:g}"
+
+        def run_emb(V=V, H=H, n=n, sc=sc, shape=shape):
+            table = randn((V, H), 11)
+            ids = torch.randint(0, V, (n,), generator=gen(12), dtype=torch.int32)
+            if n >= 3:
+                ids[0], ids[1] = -1, V
+            ids = ids.to(DEV)
+            out = nanfull((n + 2, H))
+            outf = nanfull((n + 2, H), torch.float32)
+            K.launch("embedding", (n,), (128,), [P(out), P(table), P(ids), I32(n), I32(H), I32(V), F32(sc)])
+            K.launch("embedding_f32", (n,), (128,), [P(outf), P(table), P(ids), I32(n), I32(H), I32(V), F32(sc)])
+            valid = (ids >= 0) & (ids < V)
+            ref = torch.zeros((n, H), dtype=BF, device=DEV)
+            ref[valid] = table[ids[valid].long()] * torch.tensor(sc, dtype=BF, device=DEV)  # bf16 * bf16 scalar
+            if guard_nan(R, "embedding", shape, out[n:]):
+                close(R, "embedding", shape, out[:n], ref, exact=ref,
+                      note=("a copy" if sc == 1.0 else "bf16(row * scale)") + ("; ids -1/V -> zeros" if n >= 3 else ""))
+            if guard_nan(R, "embedding_f32", shape, outf[n:]):
+                close(R, "embedding_f32", shape, outf[:n], ref.double(), exact=ref.float(),
+                      note="float(bf16(row * scale))" if sc != 1.0 else "float(row): a copy")
+        R.case("embedding", shape, run_emb)
+
+    # ---- Gemma3RMSNorm entries: bf16 rows (rms_norm_off, add_rms_norm_off) and the fp32 residual
+    # (rms_norm_f32_off, add_rms_norm_f32_off); off 1 with zero-centred weights (Hugging Face), off 0
+    # with w = 1 + w_hf (GGUF)
+    cases = [(1152, 7, 1.0), (2560, 64, 1.0), (1003, 3, 0.0), (10000, 3, 1.0), (3840, 300, 1.0)] if not quick else \
+        [(1152, 3, 1.0), (1003, 2, 0.0)]
+    for (H, n, off) in cases:
+        for f32 in (False, True):
+            for add in (False, True):
+                kname = ("add_" if add else "") + "rms_norm" + ("_f32" if f32 else "") + "_off"
+                shape = f"H={H} n={n} off={off:g}"
+
+                def run_off(H=H, n=n, off=off, f32=f32, add=add, kname=kname, shape=shape):
+                    wz = 0.3 * torch.randn(H, generator=gen(14))
+                    w = (wz if off == 1.0 else 1.0 + wz).to(DEV).to(BF)
+                    dt = torch.float32 if f32 else BF
+                    out = nanfull((n + 2, H))
+                    if add:
+                        res = randn((n, H), 15, 2.0, dtype=dt)
+                        x = randn((n, H), 16, 0.7)
+                        resbuf = nanfull((n + 2, H), dt)
+                        resbuf[:n] = res
+                        K.launch(kname, (n,), (128,), [P(out), P(resbuf), P(x), P(w), I32(n), I32(H), F32(EPS), F32(off)])
+                        new_res = res + x if not f32 else res + x.float()  # bf16 add / exact fp32 add
+                        ok = guard_nan(R, kname, shape, resbuf[n:], "residual guard rows")
+                        same = bits_equal(resbuf[:n], new_res)
+                        R.add(kernel=kname + "(residual)", shape=shape, err=0.0 if same else None,
+                              status="PASS" if same else "FAIL",
+                              note=("bit-exact " + ("fp32" if f32 else "bf16") + " add, in place") if same else
+                              f"residual != residual + x: {int((resbuf[:n].double() != new_res.double()).sum())} differ")
+                        src, src64 = new_res, res.double() + x.double()
+                        if not ok or not same:
+                            return
+                    else:
+                        x = randn((n, H), 17, 2.0, dtype=dt)
+                        K.launch(kname, (n,), (128,), [P(out), P(x), P(w), I32(n), I32(H), F32(EPS), F32(off)])
+                        src, src64 = x, x.double()
+                    if guard_nan(R, kname, shape, out[n:]):
+                        close(R, kname, shape, out[:n], ref_rmsnorm_off(src64, w, off), tbf=gemma_rmsnorm(src, w, off),
+                              note="Gemma3RMSNorm bf16((x*r)*(off+w))")
+                R.case(kname, shape, run_off)
+
+    # ---- geglu_tanh: bf16(bf16(gelu_tanh(gate)) * up), transformers' gelu_pytorch_tanh MLP
+    for (I, n) in ([(6912, 7), (10240, 3), (1000, 300), (37, 5)] if not quick else [(1000, 3), (37, 2)]):
+        shape = f"I={I} n={n}"
+
+        def run_geglu(I=I, n=n, shape=shape):
+            gu = randn((n, 2 * I), 18, 2.0)
+            out = nanfull((n + 2, I))
+            K.launch("geglu_tanh", (n,), (256,), [P(out), P(gu), I32(n), I32(I)])
+            g, u = gu[:, :I], gu[:, I:]
+            ref = torch.nn.functional.gelu(g.double(), approximate="tanh") * u.double()
+            tbf = torch.nn.functional.gelu(g, approximate="tanh") * u
+            if guard_nan(R, "geglu_tanh", shape, out[n:]):
+                close(R, "geglu_tanh", shape, out[:n], ref, tbf=tbf)
+        R.case("geglu_tanh", shape, run_geglu)
+
+
 # ============================================================================ group: kv_write
 def make_slots(n, page_tokens, num_pages, seed, invalid=()):
     g = gen(seed)
@@ -546,10 +767,61 @@ def g_kv_write(K, R, quick):
 
 
 # ============================================================================ group: qk_norm_rope
+def qkr_inputs(n, Hq, Hkv, D, pt, maxpos, layers, seed=21):
+    """One qk_norm_rope step's inputs (the seeds of the original cases): qkv, q / k norm weights
+    (1 + 0.2 N), bias, positions (the first one maxpos - 1), slots (token 2 padded: -1), a NaN pool."""
+    W = (Hq + 2 * Hkv) * D
+    num_pages = cdiv(n, pt) + 2
+    pos = torch.randint(0, maxpos, (n,), generator=gen(seed + 4), dtype=torch.int32)
+    pos[0] = maxpos - 1
+    return dict(qkv=randn((n, W), seed, 1.5), qn=(1 + 0.2 * torch.randn(D, generator=gen(seed + 1))).to(DEV).to(BF),
+                kn=(1 + 0.2 * torch.randn(D, generator=gen(seed + 2))).to(DEV).to(BF), bias=randn((W,), seed + 3, 0.5),
+                pos=pos.to(DEV), slots=make_slots(n, pt, num_pages, seed + 5, invalid=(2,)).to(DEV),
+                pool=nanfull((num_pages * pt * layers * 2 * Hkv * D,)))
+
+
+def qkr_launch(K, c, n, Hq, Hkv, D, pt, layer, layers, flags, inv=None, cos_scale=1.0, off=0.0, theta=THETA, qkv=None,
+               qn=None, kn=None, bias=None):
+    """qk_norm_rope on a copy of the case's qkv / pool (grid [n, ceil((Hq + 2 Hkv) / 8)], block 256);
+    inv: an fp32 table on the device, or None (null: computed from theta). Returns (qkv, pool)."""
+    q = (c["qkv"] if qkv is None else qkv).clone()
+    pool = c["pool"].clone()
+    K.launch("qk_norm_rope", (n, cdiv(Hq + 2 * Hkv, 8)), (256,),
+             [P(q), P(pool), P(c["qn"] if qn is None else qn), P(c["kn"] if kn is None else kn),
+              P(c["bias"] if bias is None else bias), P(c["pos"]), P(c["slots"]), I32(n), I32(Hq), I32(Hkv), I32(D),
+              I32(layer), I32(layers), I32(pt), F32(theta), F32(EPS), I32(flags),
+              NULL() if inv is None else P(inv.to(DEV).float().contiguous()), F32(cos_scale), F32(off)])
+    return q, pool
+
+
+def qkr_check(R, shape, c, qkv, pool, n, Hq, Hkv, D, pt, layer, layers, flags, refs, close_fn=None):
+    """The launch's q (in place in qkv), k and v (in the cache at the valid slots) against refs =
+    qkr_refs(...); the k / v columns of qkv unchanged; nothing else of the pool written."""
+    close_fn = close_fn or (lambda *a, **k: close(R, *a, **k))
+    qt, kt, v, q64, k64 = refs
+    got = qkv.view(n, Hq + 2 * Hkv, D)
+    close_fn("qk_norm_rope(q)", shape, got[:, :Hq], q64, tbf=qt)
+    if not bits_equal(got[:, Hq:], c["qkv"].view(n, Hq + 2 * Hkv, D)[:, Hq:]):
+        R.add(kernel="qk_norm_rope(k,v in qkv)", shape=shape, status="FAIL", note="k/v columns of qkv were modified")
+    pv = pool_view(pool, layers, pt, Hkv, D)
+    valid = c["slots"] >= 0
+    s = c["slots"][valid].long()
+    kgot = pv[:, layer, 0].reshape(-1, Hkv, D)[s]
+    vgot = pv[:, layer, 1].reshape(-1, Hkv, D)[s]
+    close_fn("qk_norm_rope(k->cache)", shape, kgot, k64[valid], tbf=kt[valid])
+    close_fn("qk_norm_rope(v->cache)", shape, vgot, v[valid].double(), exact=v[valid],
+             note="v copied" + (" + bias" if flags & 2 else ""))
+    written = int((~torch.isnan(pool.double())).sum())
+    expect = int(valid.sum()) * 2 * Hkv * D
+    R.add(kernel="qk_norm_rope(pool)", shape=shape, status="PASS" if written == expect else "FAIL",
+          note=f"{written} pool elements written, expected {expect} (slot -1 skipped)")
+
+
 def g_qk_norm_rope(K, R, quick):
     cfgs = [  # Hq, Hkv, D, page_tokens, n, flags, max position
         (16, 8, 128, 16, 7, 1, 100), (32, 8, 128, 64, 300, 1, 40000), (16, 8, 128, 16, 1, 1, 5),
         (14, 2, 64, 16, 64, 2, 30000), (14, 2, 64, 64, 7, 0, 1000), (8, 4, 128, 16, 33, 3, 20000),
+        (8, 4, 256, 16, 33, 1, 30000),  # head_dim 256 with Qwen3's norm
     ]
     if quick:
         cfgs = [(4, 2, 64, 16, 5, 1, 100), (4, 2, 128, 4, 3, 3, 30000)]
@@ -558,56 +830,107 @@ def g_qk_norm_rope(K, R, quick):
         shape = f"Hq={Hq} Hkv={Hkv} D={D} page={pt} n={n} flags={flags} pos<{maxpos}"
 
         def run(Hq=Hq, Hkv=Hkv, D=D, pt=pt, n=n, flags=flags, maxpos=maxpos, shape=shape):
-            W = (Hq + 2 * Hkv) * D
-            num_pages = cdiv(n, pt) + 2
-            qkv0 = randn((n, W), 21, 1.5)
-            qn = (1 + 0.2 * torch.randn(D, generator=gen(22))).to(DEV).to(BF)
-            kn = (1 + 0.2 * torch.randn(D, generator=gen(23))).to(DEV).to(BF)
-            bias = randn((W,), 24, 0.5)
-            pos = torch.randint(0, maxpos, (n,), generator=gen(25), dtype=torch.int32)
-            pos[0] = maxpos - 1
-            pos = pos.to(DEV)
-            slots = make_slots(n, pt, num_pages, 26, invalid=(2,)).to(DEV)
-            pool = nanfull((num_pages * pt * layers * 2 * Hkv * D,))
-            qkv = qkv0.clone()
-            grid = (n, cdiv(Hq + 2 * Hkv, 8))
-            K.launch("qk_norm_rope", grid, (256,),
-                     [P(qkv), P(pool), P(qn), P(kn), P(bias), P(pos), P(slots), I32(n), I32(Hq), I32(Hkv), I32(D),
-                      I32(layer), I32(layers), I32(pt), F32(THETA), F32(EPS), I32(flags)])
-            # --- references: torch bf16 (transformers order of roundings) and fp64
-            x = qkv0.view(n, Hq + 2 * Hkv, D)
-            if flags & 2:
-                x = x + bias.view(Hq + 2 * Hkv, D)  # bf16 add
-            q, k, v = x[:, :Hq], x[:, Hq:Hq + Hkv], x[:, Hq + Hkv:]
-            q64, k64 = q.double(), k.double()
-            if flags & 1:
-                q, k = hf_rmsnorm(q, qn), hf_rmsnorm(k, kn)
-                q64, k64 = ref_rmsnorm(q64, qn), ref_rmsnorm(k64, kn)
-            cos, sin = hf_cos_sin(pos, D)
-            cos, sin = cos[:, None, :], sin[:, None, :]
-            qt = (q * cos) + (rotate_half(q) * sin)
-            kt = (k * cos) + (rotate_half(k) * sin)
-            c64, s64 = ref_cos_sin64(pos, D)
-            c64, s64 = c64[:, None, :], s64[:, None, :]
-            q64 = q64 * c64 + rotate_half(q64) * s64
-            k64 = k64 * c64 + rotate_half(k64) * s64
-            got = qkv.view(n, Hq + 2 * Hkv, D)
-            close(R, "qk_norm_rope(q)", shape, got[:, :Hq], q64, tbf=qt)
-            if not bits_equal(got[:, Hq:], qkv0.view(n, Hq + 2 * Hkv, D)[:, Hq:]):
-                R.add(kernel="qk_norm_rope(k,v in qkv)", shape=shape, status="FAIL", note="k/v columns of qkv were modified")
-            pv = pool_view(pool, layers, pt, Hkv, D)
-            valid = slots >= 0
-            s = slots[valid].long()
-            kgot = pv[:, layer, 0].reshape(-1, Hkv, D)[s]
-            vgot = pv[:, layer, 1].reshape(-1, Hkv, D)[s]
-            close(R, "qk_norm_rope(k->cache)", shape, kgot, k64[valid], tbf=kt[valid])
-            close(R, "qk_norm_rope(v->cache)", shape, vgot, v[valid].double(), exact=v[valid],
-                  note="v copied" + (" + bias" if flags & 2 else ""))
-            written = int((~torch.isnan(pool.double())).sum())
-            expect = int(valid.sum()) * 2 * Hkv * D
-            R.add(kernel="qk_norm_rope(pool)", shape=shape, status="PASS" if written == expect else "FAIL",
-                  note=f"{written} pool elements written, expected {expect} (slot -1 skipped)")
+            c = qkr_inputs(n, Hq, Hkv, D, pt, maxpos, layers)
+            qkv, pool = qkr_launch(K, c, n, Hq, Hkv, D, pt, layer, layers, flags)
+            refs = qkr_refs(c["qkv"], n, Hq, Hkv, D, flags, c["qn"], c["kn"], c["bias"], c["pos"])
+            qkr_check(R, shape, c, qkv, pool, n, Hq, Hkv, D, pt, layer, layers, flags, refs)
         R.case("qk_norm_rope", shape, run)
+    qk_norm_rope_new_cases(K, R, quick, layers, layer)
+
+
+def qk_norm_rope_new_cases(K, R, quick, layers, layer):
+    """The parameters of 2026-12-03 (Llama, Gemma 3): the inv_freq table, cos_scale, QKR_ADJACENT and
+    QKR_NORM_F32 (with norm_offset)."""
+    # (1) a table holding the kernel's computed frequencies: the null path's bits, flags 0..3, D 64/128/256
+    for (Hq, Hkv, D, flags) in ([(16, 8, 128, 3), (14, 2, 64, 2), (8, 4, 256, 1), (8, 4, 256, 0)] if not quick else
+                                [(4, 2, 128, 3)]):
+        shape = f"inv_freq table == computed: Hq={Hq} Hkv={Hkv} D={D} flags={flags}"
+
+        def run_table(Hq=Hq, Hkv=Hkv, D=D, flags=flags, shape=shape):
+            n, pt = 33, 16
+            c = qkr_inputs(n, Hq, Hkv, D, pt, 40000, layers, seed=31)
+            a = qkr_launch(K, c, n, Hq, Hkv, D, pt, layer, layers, flags)
+            b = qkr_launch(K, c, n, Hq, Hkv, D, pt, layer, layers, flags, inv=kern_inv_freq(D))
+            same = bits_equal(a[0], b[0]) and bits_equal(a[1].nan_to_num(0.0), b[1].nan_to_num(0.0)) and \
+                bool((torch.isnan(a[1]) == torch.isnan(b[1])).all())
+            R.add(kernel="qk_norm_rope(inv_freq table)", shape=shape, status="PASS" if same or K.mock else "FAIL",
+                  note="q, k, v bit-identical to the null (computed) path" if same else
+                  "NOT bit-identical to the null (computed) path")
+            # and the table against transformers (its inv_freq computed by torch on the CPU)
+            refs = qkr_refs(c["qkv"], n, Hq, Hkv, D, flags, c["qn"], c["kn"], c["bias"], c["pos"], inv=kern_inv_freq(D))
+            qkr_check(R, shape, c, b[0], b[1], n, Hq, Hkv, D, pt, layer, layers, flags, refs)
+        R.case("qk_norm_rope", shape, run_table)
+
+    # (2) Llama 3.1's scaled frequencies as a table, and YaRN's attention factor as cos_scale
+    for (Hq, Hkv, D, flags, cos_scale) in ([(32, 8, 128, 0, 1.0), (32, 8, 128, 2, 1.2079441), (14, 2, 64, 0, 0.9)]
+                                           if not quick else [(4, 2, 128, 0, 1.2079441)]):
+        shape = f"llama3-scaled inv_freq table, cos_scale {cos_scale}: Hq={Hq} Hkv={Hkv} D={D} flags={flags}"
+
+        def run_scaled(Hq=Hq, Hkv=Hkv, D=D, flags=flags, cos_scale=cos_scale, shape=shape):
+            n, pt = 64, 16
+            c = qkr_inputs(n, Hq, Hkv, D, pt, 100000, layers, seed=41)
+            inv = llama3_inv_freq(D)
+            qkv, pool = qkr_launch(K, c, n, Hq, Hkv, D, pt, layer, layers, flags, inv=inv, cos_scale=cos_scale)
+            refs = qkr_refs(c["qkv"], n, Hq, Hkv, D, flags, c["qn"], c["kn"], c["bias"], c["pos"], inv=inv,
+                            cos_scale=cos_scale)
+            qkr_check(R, shape, c, qkv, pool, n, Hq, Hkv, D, pt, layer, layers, flags, refs)
+        R.case("qk_norm_rope", shape, run_scaled)
+
+    # (3) adjacent pairs on llama.cpp's permuted q / k rows (GGUF llama): element for element the
+    # neox result of the Hugging Face rows, permuted (bit-exact without the norm, whose sum's order
+    # follows the element order)
+    for (Hq, Hkv, D, flags) in ([(32, 8, 128, 0), (32, 8, 128, 2), (14, 2, 64, 0), (8, 4, 256, 0), (16, 8, 128, 1)]
+                                if not quick else [(4, 2, 128, 2)]):
+        shape = f"QKR_ADJACENT on GGUF-permuted rows: Hq={Hq} Hkv={Hkv} D={D} flags={flags | 8}"
+
+        def run_adj(Hq=Hq, Hkv=Hkv, D=D, flags=flags, shape=shape):
+            n, pt = 33, 16
+            H = Hq + 2 * Hkv
+            c = qkr_inputs(n, Hq, Hkv, D, pt, 40000, layers, seed=51)
+            x = c["qkv"].view(n, H, D)
+            xp = torch.cat([gguf_permute(x[:, :Hq + Hkv], D), x[:, Hq + Hkv:]], dim=1).reshape(n, H * D).contiguous()
+            b = c["bias"].view(H, D)
+            bp = torch.cat([gguf_permute(b[:Hq + Hkv], D), b[Hq + Hkv:]], dim=0).reshape(-1).contiguous()
+            qnp, knp = gguf_permute(c["qn"], D).contiguous(), gguf_permute(c["kn"], D).contiguous()
+            hf = qkr_launch(K, c, n, Hq, Hkv, D, pt, layer, layers, flags)
+            gg = qkr_launch(K, c, n, Hq, Hkv, D, pt, layer, layers, flags | 8, qkv=xp, qn=qnp, kn=knp, bias=bp)
+            pv_hf = pool_view(hf[1], layers, pt, Hkv, D)
+            pv_gg = pool_view(gg[1], layers, pt, Hkv, D)
+            q_same = bits_equal(gg[0].view(n, H, D)[:, :Hq], gguf_permute(hf[0].view(n, H, D)[:, :Hq], D).contiguous())
+            valid = c["slots"] >= 0
+            s_ = c["slots"][valid].long()
+            k_hf = pv_hf[:, layer, 0].reshape(-1, Hkv, D)[s_]
+            k_gg = pv_gg[:, layer, 0].reshape(-1, Hkv, D)[s_]
+            k_same = bits_equal(k_gg, gguf_permute(k_hf, D).contiguous())
+            v_same = bits_equal(pv_gg[:, layer, 1].reshape(-1, Hkv, D)[s_], pv_hf[:, layer, 1].reshape(-1, Hkv, D)[s_])
+            exact = not (flags & 1)
+            ok = (q_same and k_same and v_same) or not exact or K.mock
+            R.add(kernel="qk_norm_rope(adjacent == permuted neox)", shape=shape, status="PASS" if ok else "FAIL",
+                  note=f"q {'==' if q_same else '!='}, k {'==' if k_same else '!='}, v {'==' if v_same else '!='} "
+                       f"the neox run on the HF rows, permuted" + ("" if exact else " (with the norm: not required)"))
+            # and the adjacent run against its own reference
+            refs = qkr_refs(xp, n, Hq, Hkv, D, flags | 8, qnp, knp, bp, c["pos"])
+            cp = dict(c, qkv=xp)
+            qkr_check(R, shape, cp, gg[0], gg[1], n, Hq, Hkv, D, pt, layer, layers, flags | 8, refs)
+        R.case("qk_norm_rope", shape, run_adj)
+
+    # (4) Gemma 3's q / k norm: bf16((x * r) * (norm_offset + w)) in fp32 (QKR_NORM | QKR_NORM_F32),
+    # Hugging Face weights (offset 1, zero-centred w) and GGUF weights (offset 0, w = 1 + w_hf), global and
+    # local theta; Gemma 3 4B / 1B / 27B heads
+    for (Hq, Hkv, D, off, theta) in ([(8, 4, 256, 1.0, 1e6), (8, 4, 256, 1.0, 1e4), (4, 1, 256, 0.0, 1e6),
+                                      (32, 16, 128, 1.0, 1e6)] if not quick else [(4, 1, 256, 1.0, 1e6)]):
+        shape = f"Gemma q/k norm (flags 5) norm_offset {off:g} theta {theta:g}: Hq={Hq} Hkv={Hkv} D={D}"
+
+        def run_gemma(Hq=Hq, Hkv=Hkv, D=D, off=off, theta=theta, shape=shape):
+            n, pt = 64, 16
+            c = qkr_inputs(n, Hq, Hkv, D, pt, 32768, layers, seed=61)
+            if off == 1.0:  # zero-centred Hugging Face weights
+                c["qn"] = (0.3 * torch.randn(D, generator=gen(62))).to(DEV).to(BF)
+                c["kn"] = (0.3 * torch.randn(D, generator=gen(63))).to(DEV).to(BF)
+            qkv, pool = qkr_launch(K, c, n, Hq, Hkv, D, pt, layer, layers, 5, off=off, theta=theta)
+            refs = qkr_refs(c["qkv"], n, Hq, Hkv, D, 5, c["qn"], c["kn"], c["bias"], c["pos"], off=off, theta=theta)
+            qkr_check(R, shape, c, qkv, pool, n, Hq, Hkv, D, pt, layer, layers, 5, refs)
+        R.case("qk_norm_rope", shape, run_gemma)
 
 
 # ============================================================================ group: attention
@@ -652,7 +975,9 @@ def build_attention_case(spec, Hq, Hkv, D, pt, layers, layer, pad_tokens, pad_se
                 seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEV), Ks=Ks, Vs=Vs, spec=spec)
 
 
-def attention_refs(c, Hq, Hkv, D, scale):
+def attention_refs(c, Hq, Hkv, D, scale, window=0):
+    """fp64 and torch-bf16 (SDPA) attention of the step; window > 0: the sliding window (a query at
+    position p sees keys p - window + 1 .. p: transformers' sliding mask keeps kv_idx > q_idx - window)."""
     G = Hq // Hkv
     ref = torch.zeros((c["n_tok"], Hq, D), dtype=torch.float64, device=DEV)
     tbf = torch.zeros((c["n_tok"], Hq, D), dtype=BF, device=DEV)
@@ -663,7 +988,10 @@ def attention_refs(c, Hq, Hkv, D, scale):
         q = q_all[t0:t0 + n]                              # [n, Hq, D]
         k = c["Ks"][i].repeat_interleave(G, dim=1)        # [ctx, Hq, D]
         v = c["Vs"][i].repeat_interleave(G, dim=1)
-        mask = torch.arange(ctx, device=DEV)[None, :] <= (cached + torch.arange(n, device=DEV))[:, None]  # [n, ctx]
+        qpos = (cached + torch.arange(n, device=DEV))[:, None]
+        mask = torch.arange(ctx, device=DEV)[None, :] <= qpos  # [n, ctx]
+        if window > 0:
+            mask &= torch.arange(ctx, device=DEV)[None, :] > qpos - window
         s = torch.einsum("nhd,chd->hnc", q.double(), k.double()) * scale
         s = s.masked_fill(~mask[None], float("-inf"))
         p = torch.softmax(s, dim=-1)
@@ -674,6 +1002,45 @@ def attention_refs(c, Hq, Hkv, D, scale):
         tbf[t0:t0 + n] = o[0].transpose(0, 1)
         t0 += n
     return ref, tbf
+
+
+def att_args(c, out, Hq, Hkv, D, pt, layers, layer, window=0):
+    """The arguments of attention_dD and attention_prefill_dD (KERN_ATT_ARGS) for case c."""
+    return [P(out), P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]),
+            I32(c["Tb"]), I32(c["max_pages"]), I32((Hq + 2 * Hkv) * D), I32(Hq), I32(Hkv), I32(layer),
+            I32(layers), I32(pt), F32(D ** -0.5), I32(window)]
+
+
+def att_launch(K, c, out, Hq, Hkv, D, pt, layers, layer, window=0, grid_x=None):
+    """attention_dD as the manifest launches it: grid [ceil(tokens / (32 / G)) + seqs, Hkv], block 128,
+    dynamic shared memory ATT_SMEM_D256 at D = 256."""
+    G = Hq // Hkv
+    gx = grid_x or cdiv(c["Tb"], 32 // G) + c["Sb"]
+    K.launch(f"attention_d{D}", (gx, Hkv), (128,), att_args(c, out, Hq, Hkv, D, pt, layers, layer, window),
+             smem=att_smem(D))
+
+
+def v_of_own_key(c, Hq, Hkv, D):
+    """[n_tok, Hq, D]: each row's V at its own position (the exact output of a window of 1)."""
+    G = Hq // Hkv
+    rows = []
+    for i, (cached, n) in enumerate(c["spec"]):
+        rows.append(c["Vs"][i][cached:cached + n].repeat_interleave(G, dim=1))
+    return torch.cat(rows)
+
+
+def window_extra_checks(R, K, kname, shape, out, c, Hq, Hkv, D, window, rerun):
+    """Window 1: every output is the row's own V, exactly. A window at least every context: the
+    no-window run's bits (rerun(0) returns that run's output)."""
+    n = c["n_tok"]
+    if window == 1:
+        same = bits_equal(out[:n].view(n, Hq, D), v_of_own_key(c, Hq, Hkv, D))
+        R.add(kernel=kname + "(window 1)", shape=shape, status="PASS" if same or K.mock else "FAIL",
+              note="every output == the row's own V, exactly" if same else "outputs are NOT the rows' own V")
+    elif window > 0 and window >= max(cached + m for cached, m in c["spec"]):
+        same = bits_equal(out[:n], rerun(0)[:n])
+        R.add(kernel=kname + f"(window {window} >= context)", shape=shape, status="PASS" if same else "FAIL",
+              note="bit-identical to the run without a window" if same else "NOT bit-identical to no window")
 
 
 def g_attention(K, R, quick):
@@ -691,28 +1058,49 @@ def g_attention(K, R, quick):
         ("one decode token, ctx 1", 16, 8, 128, 16, [(0, 1)], 7, 3),
         ("long prefill chunk over cache, page 64", 32, 8, 128, 64, [(1500, 700), (0, 513)], 0, 0),
     ]
+    # head_dim 256 (Gemma 3) and sliding windows (the last field): windows shorter than the
+    # contexts (the tiles below a window skipped; rows with no visible key in their first key tile),
+    # 1 (every output the row's own V), longer than every context (the no-window bits)
+    cases += [
+        ("Gemma3-4B heads (G=2, D=256), page 16", 8, 4, 256, 16, mixed, 5, 2, 0),
+        ("Gemma3-4B heads, window 1024 (its local layers)", 8, 4, 256, 16, [(1500, 700), (0, 1100), (2000, 1), (1023, 1)],
+         0, 0, 1024),
+        ("Gemma3-1B heads (G=4, D=256), window 512", 4, 1, 256, 16, mixed, 3, 1, 512),
+        ("0.6B heads, window 100, page 16", 16, 8, 128, 16, mixed, 5, 2, 100),
+        ("G=1 D=128 (32 tokens per tile), window 20, page 64", 8, 8, 128, 64, [(0, 70), (200, 1), (64, 129)], 0, 0, 20),
+        ("Qwen2.5-0.5B heads G=7 D=64, window 45", 14, 2, 64, 16, mixed, 4, 2, 45),
+        ("window 1, G=4 D=64", 8, 2, 64, 16, mixed, 0, 0, 1),
+        ("window 1, G=2 D=256", 8, 4, 256, 16, [(30, 40), (0, 1)], 0, 0, 1),
+        ("window 4096 > every context, 4B heads", 32, 8, 128, 16, mixed, 3, 1, 4096),
+    ]
     if quick:
         cases = [("quick mixed", 4, 2, 64, 4, [(5, 3), (9, 1), (0, 6)], 2, 1),
-                 ("quick G=1", 2, 2, 128, 8, [(0, 5), (10, 1)], 0, 0)]
-    for ci, (name, Hq, Hkv, D, pt, spec, pad_t, pad_s) in enumerate(cases):
+                 ("quick G=1", 2, 2, 128, 8, [(0, 5), (10, 1)], 0, 0),
+                 ("quick D=256 window 5", 4, 2, 256, 16, [(20, 13), (0, 3)], 1, 0, 5)]
+    for ci, (name, Hq, Hkv, D, pt, spec, pad_t, pad_s, *rest) in enumerate(cases):
+        window = rest[0] if rest else 0
         shape = f"{name}: Hq={Hq} Hkv={Hkv} D={D} seqs={len(spec)}+{pad_s} tokens={sum(n for _, n in spec)}+{pad_t}"
         kname = f"attention_d{D}"
 
-        def run(Hq=Hq, Hkv=Hkv, D=D, pt=pt, spec=spec, pad_t=pad_t, pad_s=pad_s, ci=ci, shape=shape, kname=kname):
+        def run(Hq=Hq, Hkv=Hkv, D=D, pt=pt, spec=spec, pad_t=pad_t, pad_s=pad_s, ci=ci, shape=shape, kname=kname,
+                window=window):
             c = build_attention_case(spec, Hq, Hkv, D, pt, layers, layer, pad_t, pad_s, seed=31 + ci)
             G = Hq // Hkv
             BQ = 32 // G
             scale = D ** -0.5
             out = nanfull((c["Tb"] + 1, Hq * D))  # + 1 guard row
-            grid = (cdiv(c["Tb"], BQ) + c["Sb"], Hkv)
-            K.launch(kname, grid, (128,),
-                     [P(out), P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]),
-                      I32(c["Tb"]), I32(c["max_pages"]), I32((Hq + 2 * Hkv) * D), I32(Hq), I32(Hkv), I32(layer),
-                      I32(layers), I32(pt), F32(scale)])
-            ref, tbf = attention_refs(c, Hq, Hkv, D, scale)
+            assert cdiv(c["Tb"], BQ) + c["Sb"] >= 1
+            att_launch(K, c, out, Hq, Hkv, D, pt, layers, layer, window)
+            ref, tbf = attention_refs(c, Hq, Hkv, D, scale, window)
             n = c["n_tok"]
-            close(R, kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf)
+            close(R, kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf, note=f"window {window}" if window else "")
             check_rows_past(R, kname, shape, out, n, c["Tb"])
+
+            def rerun(w):
+                o = nanfull((c["Tb"] + 1, Hq * D))
+                att_launch(K, c, o, Hq, Hkv, D, pt, layers, layer, w)
+                return o
+            window_extra_checks(R, K, kname, shape, out, c, Hq, Hkv, D, window, rerun)
         R.case(kname, shape, run)
 
     # grid-stride robustness: a grid smaller than the work still covers every tile
@@ -721,10 +1109,7 @@ def g_attention(K, R, quick):
         spec = [(40, 20), (0, 9), (7, 1)]
         c = build_attention_case(spec, Hq, Hkv, D, pt, layers, layer, 0, 0, seed=90)
         out = nanfull((c["Tb"], Hq * D))
-        K.launch("attention_d128", (1, Hkv), (128,),
-                 [P(out), P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]),
-                  I32(c["Tb"]), I32(c["max_pages"]), I32((Hq + 2 * Hkv) * D), I32(Hq), I32(Hkv), I32(layer),
-                  I32(layers), I32(pt), F32(D ** -0.5)])
+        att_launch(K, c, out, Hq, Hkv, D, pt, layers, layer, 0, grid_x=1)
         ref, tbf = attention_refs(c, Hq, Hkv, D, D ** -0.5)
         close(R, "attention_d128", "grid.x=1 (grid-stride loop)", out.view(-1, Hq, D), ref, tbf=tbf)
     R.case("attention_d128", "grid.x=1", run_small_grid)
@@ -753,13 +1138,15 @@ def dec_splits(seqs, Hkv):
     return max(1, min(dec_max_chunks(Hkv), cdiv(DEC_GRID_CTAS, seqs * Hkv)))
 
 
-def dec_chunking(kmax, max_chunks, min_chunk):
-    """(chunk, n_chunks) of a token with kmax visible keys: attention_decode.cu's rule."""
+def dec_chunking(kmax, max_chunks, min_chunk, window=0):
+    """(chunk, n_chunks) of a token with kmax visible keys: attention_decode.cu's rule. With a sliding
+    window the chunks cover [kb, kmax), kb = the window's first key (kmax - window) rounded down to 32."""
     if kmax <= 0:
         return 32, 0
+    kb = max(0, kmax - window) // 32 * 32 if window > 0 else 0
     mc = max(32, cdiv(min_chunk, 32) * 32)
-    chunk = max(mc, cdiv(cdiv(kmax, max_chunks), 32) * 32)
-    return chunk, cdiv(kmax, chunk)
+    chunk = max(mc, cdiv(cdiv(kmax - kb, max_chunks), 32) * 32)
+    return chunk, cdiv(kmax - kb, chunk)
 
 
 def dec_partial_floats(T, max_chunks, Hq, D):
@@ -824,35 +1211,40 @@ def build_decode_case(groups, rows, Hq, Hkv, D, pt, layers, layer, pad_tokens, p
                 spec=[(ctx - 1, 1) for _, ctx in rows])
 
 
-def dec_launch(K, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk, max_chunks, guard=64):
-    """attention_decode_dD (grid z = S) + attention_combine_dD on case c. Returns (out [Tb + 1, Hq*D]
-    with a NaN guard row, partial with `guard` NaN floats past its size)."""
+def dec_launch(K, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk, max_chunks, guard=64, window=0):
+    """attention_decode_dD (grid z = S; DEC_SMEM_D256 bytes of dynamic shared memory at D = 256) +
+    attention_combine_dD (block D) on case c. Returns (out [Tb + 1, Hq*D] with a NaN guard row, partial
+    with `guard` NaN floats past its size)."""
     T = c["Tb"]
     partial = nanfull((dec_partial_floats(T, max_chunks, Hq, D) + guard,), torch.float32)
     out = nanfull((T + 1, Hq * D))
     K.launch(f"attention_decode_d{D}", (T, Hkv, S), (128,),
              [P(partial), P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]),
               I32(T), I32(c["max_pages"]), I32((Hq + 2 * Hkv) * D), I32(Hq), I32(Hkv), I32(layer), I32(layers),
-              I32(pt), F32(D ** -0.5), I32(min_chunk), I32(max_chunks)])
+              I32(pt), F32(D ** -0.5), I32(min_chunk), I32(max_chunks), I32(window)], smem=dec_smem(D))
     K.launch(f"attention_combine_d{D}", (T, Hq), (D,), [P(out), P(partial), I32(T), I32(Hq)])
     return out, partial
 
 
-def dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk, max_chunks, exact_single=True):
+def dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk, max_chunks, exact_single=True, window=0):
     """Runs the split path on case c (grid z = S) and checks: the fp64 reference (the attention
     tolerance), zeros on padded rows, the guard row, the scratch's header (chunks per token) and
-    guard, and against attention_dD on the same inputs: rows of one chunk bit-identical."""
+    guard, and against attention_dD on the same inputs: rows of one chunk bit-identical. With a
+    sliding window: the same, the chunks starting at the window's tile (dec_chunking); window 1:
+    every output the row's own V exactly; a window at least every context: the no-window bits."""
     kname = f"attention_decode_d{D}"
-    G = Hq // Hkv
     scale = D ** -0.5
     T, n = c["Tb"], c["n_tok"]
-    out, partial = dec_launch(K, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk, max_chunks)
+    out, partial = dec_launch(K, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk, max_chunks, window=window)
     kmax = dec_token_kmax(c["qs"].cpu(), c["seq_lens"].cpu(), c["Sb"], T)
-    act = [dec_chunking(k, max_chunks, min_chunk)[1] for k in kmax]
-    ref, tbf = attention_refs(c, Hq, Hkv, D, scale)
+    act = [dec_chunking(k, max_chunks, min_chunk, window)[1] for k in kmax]
+    ref, tbf = attention_refs(c, Hq, Hkv, D, scale, window)
     nsplit = sorted(set(act[:n]))
     close(R, kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf,
-          note=f"Z={S} max_chunks={max_chunks} min_chunk={min_chunk} chunks {nsplit[0]}..{nsplit[-1]}")
+          note=f"Z={S} max_chunks={max_chunks} min_chunk={min_chunk} chunks {nsplit[0]}..{nsplit[-1]}"
+               + (f" window {window}" if window else ""))
+    window_extra_checks(R, K, kname, shape, out, c, Hq, Hkv, D, window,
+                        lambda w: dec_launch(K, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk, max_chunks, window=w)[0])
     check_rows_past(R, kname, shape, out, n, T)
     guard_nan(R, kname, shape, partial[dec_partial_floats(T, max_chunks, Hq, D):], "scratch past its size")
     hdr = [float(x) for x in partial[:T].cpu().tolist()]
@@ -861,10 +1253,7 @@ def dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, min_chunk, max_c
           note="chunks per token as expected" if okh else f"header {hdr[:8]}... expected {act[:8]}...")
     # the same inputs through attention_dD
     att = nanfull((T, Hq * D))
-    K.launch(f"attention_d{D}", (cdiv(T, 32 // G) + c["Sb"], Hkv), (128,),
-             [P(att), P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]),
-              I32(T), I32(c["max_pages"]), I32((Hq + 2 * Hkv) * D), I32(Hq), I32(Hkv), I32(layer), I32(layers),
-              I32(pt), F32(scale)])
+    att_launch(K, c, att, Hq, Hkv, D, pt, layers, layer, window)
     diff = float((out[:T].double() - att.double()).abs().nan_to_num(nan=float("inf")).max()) if T else 0.0
     single = [t for t in range(n) if act[t] == 1]
     note = f"max |split - attention_d{D}| = {diff:.3e}; {len(single)}/{n} rows single-split"
@@ -942,17 +1331,43 @@ def g_attention_decode(K, R, quick):
         cases.append(("G=16 D=64", 16, 1, 64, 16, g, r, 0, 0, dec_splits(3, 1), DEC_MIN_CHUNK, 1.0))
         cases.append(("G=1 D=128", 8, 8, 128, 64, g, r, 0, 0, dec_splits(3, 8), DEC_MIN_CHUNK, 1.0))
         cases.append(("G=8 D=128 (Qwen3-32B heads)", 64, 8, 128, 16, g, r, 0, 0, dec_splits(3, 8), DEC_MIN_CHUNK, 1.0))
+    # head_dim 256 (Gemma 3: 4B heads 8/4, 1B heads 4/1) and sliding windows (the last field; the one
+    # before it a max_chunks override or None): rows on both sides of the window's edge, verify rows
+    # whose windows start in different key tiles, a grid z below the chunks, window 1, a window
+    # longer than every context
+    g, r = plain([1, 255, 1000, 4096])
+    cases.append(("Gemma3-4B heads G=2 D=256", 8, 4, 256, 16, g, r, 1, 1, dec_splits(5, 4), DEC_MIN_CHUNK, 1.0))
+    if not quick:
+        g, r = plain([1, 1023, 1024, 1025, 1057, 4096])
+        cases.append(("Gemma3-4B heads, window 1024", 8, 4, 256, 16, g, r, 0, 0, dec_splits(6, 4), DEC_MIN_CHUNK, 1.0,
+                      None, 1024))
+        cases.append(("Gemma3-1B heads G=4 D=256, window 512, Z=1", 4, 1, 256, 16, g, r, 1, 1, 1, DEC_MIN_CHUNK, 1.0,
+                      None, 512))
+        g, r = plain([1, 31, 32, 33, 99, 100, 101, 132, 133, 1000, 4096])
+        cases.append(("4B heads, window 100", 32, 8, 128, 16, g, r, 1, 1, dec_splits(12, 8), DEC_MIN_CHUNK, 1.0, None, 100))
+        cases.append(("G=4 D=64, window 1", 8, 2, 64, 16, g, r, 0, 0, dec_splits(11, 2), DEC_MIN_CHUNK, 1.0, None, 1))
+        cases.append(("0.6B heads, window 8192 > every context", 16, 8, 128, 16, g, r, 0, 0, dec_splits(11, 8),
+                      DEC_MIN_CHUNK, 1.0, None, 8192))
+        cases.append(("verify rows across the window's key tile, window 1000, 4B heads", 32, 8, 128, 16, [1040],
+                      [(0, 1030 + j) for j in range(5)], 1, 1, dec_splits(8, 8), DEC_MIN_CHUNK, 1.0, None, 1000))
+        cases.append(("sharp softmax (q x 8), window 300, Gemma3-4B heads", 8, 4, 256, 16, [4096, 1000],
+                      [(0, 4096), (1, 1000)], 0, 0, dec_splits(2, 4), DEC_MIN_CHUNK, 8.0, None, 300))
+    else:
+        g, r = plain([1, 33, 1000])
+        cases.append(("quick D=256 window 100", 4, 2, 256, 16, g, r, 1, 1, dec_splits(4, 2), DEC_MIN_CHUNK, 1.0, None, 100))
 
     for ci, (name, Hq, Hkv, D, pt, groups, rows, pad_t, pad_s, S, mc, qscale, *rest) in enumerate(cases):
         # S: the grid's z; max_chunks: the manifest's (the model's) unless the case names one
-        MC = rest[0] if rest else dec_max_chunks(Hkv)
-        shape = (f"{name}: Hq={Hq} Hkv={Hkv} D={D} page {pt} rows={len(rows)}+{pad_t} Z={S} max_chunks={MC}")
+        MC = rest[0] if rest and rest[0] else dec_max_chunks(Hkv)
+        window = rest[1] if len(rest) > 1 else 0
+        shape = (f"{name}: Hq={Hq} Hkv={Hkv} D={D} page {pt} rows={len(rows)}+{pad_t} Z={S} max_chunks={MC}"
+                 + (f" window={window}" if window else ""))
 
         def run(Hq=Hq, Hkv=Hkv, D=D, pt=pt, groups=groups, rows=rows, pad_t=pad_t, pad_s=pad_s, S=S, mc=mc,
-                qscale=qscale, ci=ci, shape=shape, MC=MC):
+                qscale=qscale, ci=ci, shape=shape, MC=MC, window=window):
             c = build_decode_case(groups, rows, Hq, Hkv, D, pt, layers, layer, pad_t, pad_s, seed=200 + ci,
                                   qscale=qscale)
-            dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, mc, MC)
+            dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, mc, MC, window=window)
         R.case(f"attention_decode_d{D}", shape, run)
 
     # any step is correct on the split path (the manifest uses it for one-token rows only): prefill
@@ -960,35 +1375,42 @@ def g_attention_decode(K, R, quick):
     mixed = [(100, 37), (499, 1), (0, 300), (0, 1), (63, 1), (15, 17), (1000, 64), (31, 33)]
     if quick:
         mixed = [(5, 3), (9, 1), (0, 6)]
-    for ci, (name, Hq, Hkv, D, pt, S) in enumerate([("mixed prefill/decode step, 4B heads", 32, 8, 128, 16, 8),
-                                                     ("mixed prefill/decode step, G=7 D=64", 14, 2, 64, 64, 3)]):
+    for ci, (name, Hq, Hkv, D, pt, S, window) in enumerate([
+            ("mixed prefill/decode step, 4B heads", 32, 8, 128, 16, 8, 0),
+            ("mixed prefill/decode step, G=7 D=64", 14, 2, 64, 64, 3, 0),
+            ("mixed prefill/decode step, Gemma3-4B heads D=256, window 64", 8, 4, 256, 16, 4, 64)]):
         shape = f"{name}: S={S}"
 
-        def run_mixed(Hq=Hq, Hkv=Hkv, D=D, pt=pt, S=S, ci=ci, shape=shape):
+        def run_mixed(Hq=Hq, Hkv=Hkv, D=D, pt=pt, S=S, ci=ci, shape=shape, window=window):
             c = build_attention_case(mixed, Hq, Hkv, D, pt, layers, layer, 3, 2, seed=300 + ci)
-            dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, DEC_MIN_CHUNK, dec_max_chunks(Hkv))
+            dec_check(K, R, shape, c, Hq, Hkv, D, pt, layers, layer, S, DEC_MIN_CHUNK, dec_max_chunks(Hkv), window=window)
         R.case(f"attention_decode_d{D}", shape, run_mixed)
 
     # batch invariance: the same rows in steps of different sizes and grid z must be bit-identical
-    inv = [("4B heads G=4 D=128", 32, 8, 128), ("Qwen2.5-0.5B heads G=7 D=64", 14, 2, 64)]
-    for ci, (hname, Hq, Hkv, D) in enumerate(inv[:1] if quick else inv):
+    inv = [("4B heads G=4 D=128", 32, 8, 128, 0), ("Qwen2.5-0.5B heads G=7 D=64", 14, 2, 64, 0),
+           ("Gemma3-4B heads G=2 D=256, window 1024", 8, 4, 256, 1024), ("4B heads G=4 D=128, window 100", 32, 8, 128, 100)]
+    for ci, (hname, Hq, Hkv, D, window) in enumerate(inv[:1] if quick else inv):
         shape = f"batch invariance, {hname}: steps of 1/3/8/64 rows, verify rows, Z 1..max_chunks"
 
-        def run_inv(Hq=Hq, Hkv=Hkv, D=D, ci=ci, shape=shape):
-            dec_invariance(K, R, shape, Hq, Hkv, D, layers, layer, seed=500 + ci, quick=quick)
+        def run_inv(Hq=Hq, Hkv=Hkv, D=D, ci=ci, shape=shape, window=window):
+            dec_invariance(K, R, shape, Hq, Hkv, D, layers, layer, seed=500 + ci, quick=quick, window=window)
         R.case(f"attention_decode_d{D}", shape, run_inv)
 
 
-def dec_invariance(K, R, shape, Hq, Hkv, D, layers, layer, seed, quick=False):
+def dec_invariance(K, R, shape, Hq, Hkv, D, layers, layer, seed, quick=False, window=0):
     """Speculative decoding's promise on the split path: a row (its sequence's KV, its position, its
     query) gets the same bits in a decode step of 1, 3, 8 or 64 rows, at any grid z, and as one of
     the k + 1 rows of a verify step. One case holds every row (a 4096-token sequence read at many
     positions, verify rows among them, short filler rows of a second sequence); each step takes a
     subset of its rows (their q, block-table row and seq_lens) in some order, with padding. Besides
     the bf16 output, each row's scratch records ({o, m, l} per chunk and head, and the chunk count)
-    must be bit-identical: they catch a step-dependent chunking even where the output rounds alike."""
+    must be bit-identical: they catch a step-dependent chunking even where the output rounds alike.
+    With a sliding window (rows on both sides of its edge): the chunks start at the window's first
+    key rounded down to 32, the row's alone, so the same holds."""
     pt, MC = 16, dec_max_chunks(Hkv)
     ctxs = [1, 2, 31, 32, 33, 63, 64, 65, 100, 129, 255, 256, 1000, 2048, 2049, 2111, 4000] + list(range(4090, 4097))
+    if window:  # the window's edge instead of some short contexts (the indices of the steps below stay)
+        ctxs[1:8] = [window - 1, window, window + 1, window + 31, window + 32, window + 33, window + 34]
     rows = [(0, x) for x in ctxs]
     rows += [(1, 1 + (7 * i) % 96) for i in range(64 - len(rows))]
     c = build_decode_case([4096, 96], rows, Hq, Hkv, D, pt, layers, layer, 0, 0, seed)
@@ -1003,7 +1425,7 @@ def dec_invariance(K, R, shape, Hq, Hkv, D, layers, layer, seed, quick=False):
         qs = torch.tensor(list(range(n + 1)) + [n] * pad_s, dtype=torch.int32, device=c["bt"].device)
         sub = dict(Sb=n + pad_s, Tb=n + pad_t, max_pages=c["max_pages"], pool=c["pool"], qkv=qkv, bt=bt, seq_lens=sl, qs=qs)
         T = n + pad_t
-        out, partial = dec_launch(K, sub, Hq, Hkv, D, pt, layers, layer, Z, DEC_MIN_CHUNK, MC)
+        out, partial = dec_launch(K, sub, Hq, Hkv, D, pt, layers, layer, Z, DEC_MIN_CHUNK, MC, window=window)
         h4 = cdiv(T, 4) * 4
         recs = partial[h4:h4 + MC * T * Hq * (D + 4)].view(MC, T, Hq, D + 4)
         cnt = [int(x) for x in partial[:n].tolist()]
@@ -1011,7 +1433,7 @@ def dec_invariance(K, R, shape, Hq, Hkv, D, layers, layer, seed, quick=False):
 
     ref, ref_recs = step(list(range(N)), dec_splits(N, Hkv))  # all 64 rows, the manifest's z for 64
     # the reference itself is right (fp64 SDPA), so the bit comparisons below compare right answers
-    want, tbf = attention_refs(c, Hq, Hkv, D, D ** -0.5)
+    want, tbf = attention_refs(c, Hq, Hkv, D, D ** -0.5, window)
     close(R, f"attention_decode_d{D}", shape + " (64-row reference)", ref.view(N, Hq, D), want, tbf=tbf)
     steps = [(list(range(N)), 1)]                                          # 64 rows, z = 1
     steps += [([i], dec_splits(1, Hkv)) for i in range(0 if not quick else 10, len(ctxs))]  # steps of 1
@@ -1280,16 +1702,14 @@ def g_timing(K, R, quick):
         out = nanfull((c["Tb"], Hq * 128))
         G = Hq // Hkv
         us = K.timed("attention_d128", (cdiv(c["Tb"], 32 // G) + c["Sb"], Hkv), (128,),
-                     [P(out), P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]),
-                      I32(c["Tb"]), I32(c["max_pages"]), I32((Hq + 2 * Hkv) * 128), I32(Hq), I32(Hkv), I32(layer),
-                      I32(layers), I32(pt), F32(128 ** -0.5)])
+                     att_args(c, out, Hq, Hkv, 128, pt, layers, layer))
         R.add(kernel="attention_d128", shape=name, status="INFO", note=f"{us:.1f} us")
 
     R.case("timing", "attention", lambda: att("decode b=1 ctx=4096 (4B heads)", 32, 8, [(4095, 1)]))
     R.case("timing", "attention", lambda: att("decode b=64 ctx=1024 (4B heads)", 32, 8, [(1023, 1)] * 64))
     R.case("timing", "attention", lambda: att("prefill 2048 (4B heads)", 32, 8, [(0, 2048)]))
 
-    def dec(name, Hq, Hkv, ctxs, pt=16, D=128, Z=None):
+    def dec(name, Hq, Hkv, ctxs, pt=16, D=128, Z=None, window=0):
         """The split path (decode + combine) beside attention_dD on the same decode step."""
         c = build_decode_case(list(ctxs), [(i, x) for i, x in enumerate(ctxs)], Hq, Hkv, D, pt, layers, layer,
                               0, 0, seed=6)
@@ -1300,12 +1720,15 @@ def g_timing(K, R, quick):
         common = [P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]), I32(T),
                   I32(c["max_pages"]), I32((Hq + 2 * Hkv) * D), I32(Hq), I32(Hkv), I32(layer), I32(layers), I32(pt),
                   F32(D ** -0.5)]
-        us_d = K.timed(f"attention_decode_d{D}", (T, Hkv, S), (128,), [P(partial)] + common + [I32(DEC_MIN_CHUNK), I32(MC)])
+        us_d = K.timed(f"attention_decode_d{D}", (T, Hkv, S), (128,),
+                       [P(partial)] + common + [I32(DEC_MIN_CHUNK), I32(MC), I32(window)], smem=dec_smem(D))
         us_c = K.timed(f"attention_combine_d{D}", (T, Hq), (D,), [P(out), P(partial), I32(T), I32(Hq)])
-        us_a = K.timed(f"attention_d{D}", (cdiv(T, 32 // (Hq // Hkv)) + c["Sb"], Hkv), (128,), [P(out)] + common)
-        kv_bytes = sum(ctxs) * Hkv * D * 2 * 2
+        us_a = K.timed(f"attention_d{D}", (cdiv(T, 32 // (Hq // Hkv)) + c["Sb"], Hkv), (128,),
+                       [P(out)] + common + [I32(window)], smem=att_smem(D))
+        kv_bytes = sum(min(x, window) if window else x for x in ctxs) * Hkv * D * 2 * 2
         R.add(kernel=f"attention_decode_d{D}", shape=name, status="INFO",
-              note=f"split {us_d:.1f} + combine {us_c:.1f} us (Z={S}, max_chunks {MC}) vs attention_d{D} {us_a:.1f} us; "
+              note=f"split {us_d:.1f} + combine {us_c:.1f} us (Z={S}, max_chunks {MC}{f', window {window}' if window else ''})"
+                   f" vs attention_d{D} {us_a:.1f} us; "
                    f"KV {kv_bytes / 1e6:.2f} MB = {kv_bytes / 4.26e6:.1f} us at 4.26 TB/s")
 
     R.case("timing", "attention_decode", lambda: dec("decode b=1 ctx=4096 (4B heads)", 32, 8, [4096]))
@@ -1318,6 +1741,12 @@ def g_timing(K, R, quick):
     R.case("timing", "attention_decode", lambda: dec("decode b=1 ctx=256 (4B heads)", 32, 8, [256]))
     R.case("timing", "attention_decode", lambda: dec("decode b=1 ctx=4096 (Qwen2.5-0.5B heads)", 14, 2, [4096],
                                                      D=64))
+    # head_dim 256 (Gemma 3 4B heads 8/4): a global layer and a local one (window 1024)
+    R.case("timing", "attention_decode", lambda: dec("decode b=1 ctx=4096 (Gemma3-4B heads, D=256)", 8, 4, [4096], D=256))
+    R.case("timing", "attention_decode", lambda: dec("decode b=1 ctx=32768 (Gemma3-4B heads, D=256, window 1024)", 8, 4,
+                                                     [32768], D=256, window=1024))
+    R.case("timing", "attention_decode", lambda: dec("decode b=64 ctx=1024 (Gemma3-4B heads, D=256)", 8, 4, [1024] * 64,
+                                                     D=256))
 
     def norm(n, H):
         x = randn((n, H), 1)
@@ -1336,7 +1765,7 @@ def g_timing(K, R, quick):
         pos = torch.arange(n, dtype=torch.int32, device=DEV)
         us = K.timed("qk_norm_rope", (n, cdiv(Hq + 2 * Hkv, 8)), (256,),
                      [P(qkv), P(pool), P(w), P(w), P(w), P(pos), P(pos), I32(n), I32(Hq), I32(Hkv), I32(D),
-                      I32(layer), I32(layers), I32(pt), F32(THETA), F32(EPS), I32(1)])
+                      I32(layer), I32(layers), I32(pt), F32(THETA), F32(EPS), I32(1), NULL(), F32(1.0), F32(0.0)])
         R.add(kernel="qk_norm_rope", shape=f"n={n} (4B heads)", status="INFO", note=f"{us:.1f} us")
     R.case("timing", "qk_norm_rope", lambda: rope(1))
     R.case("timing", "qk_norm_rope", lambda: rope(2048))
@@ -1370,10 +1799,8 @@ GROUP_FNS = {"rowwise": g_rowwise, "kv_write": g_kv_write, "qk_norm_rope": g_qk_
 # Same reference and tolerance as attention_dD (P enters P.V as bf16 hi + lo, ~16 bits; see the
 # kernel's header). Also: the difference to attention_dD on the same inputs, and the 8,192-token
 # single-sequence prefill timing (TFLOP/s with causal FLOPs 4 * D * Hq * sum_i (i + 1)).
-def prefill_tc_args(c, out, Hq, Hkv, D, pt, layers, layer):
-    return [P(out), P(c["qkv"]), P(c["pool"]), P(c["bt"]), P(c["seq_lens"]), P(c["qs"]), I32(c["Sb"]),
-            I32(c["Tb"]), I32(c["max_pages"]), I32((Hq + 2 * Hkv) * D), I32(Hq), I32(Hkv), I32(layer),
-            I32(layers), I32(pt), F32(D ** -0.5)]
+def prefill_tc_args(c, out, Hq, Hkv, D, pt, layers, layer, window=0):
+    return att_args(c, out, Hq, Hkv, D, pt, layers, layer, window)
 
 
 def g_attention_prefill(K, R, quick):
@@ -1394,39 +1821,60 @@ def g_attention_prefill(K, R, quick):
         ("grid.x = 1 (grid-stride loop)", 8, 2, 128, 16, [(40, 20), (0, 9), (7, 1)], 2, 1, 1),
         ("grid.x = 3, G=7", 14, 2, 64, 16, [(0, 90), (12, 4)], 0, 0, 3),
     ]
+    # sliding windows (the last field; head_dim 64 / 128 only: no tensor-core prefill for 256):
+    # windows whose edges skip key tiles (kt0), leave warps without a visible key in a tile, need
+    # masking where no causal limit crosses the tile; window 1; a window longer than every context
+    cases += [
+        ("window 100, 4B heads, page 16", 32, 8, 128, 16, mixed, 3, 1, 0, 100),
+        ("window 20, G=1 D=64 (64 tokens per tile)", 1, 1, 64, 16, [(170, 130), (3, 20), (0, 300)], 0, 0, 0, 20),
+        ("window 130, Qwen2.5-0.5B heads G=7 D=64", 14, 2, 64, 16, [(300, 90), (5, 40)] + mixed, 3, 1, 0, 130),
+        ("window 64 (one key tile), G=8 D=128", 8, 1, 128, 16, [(100, 40), (0, 65)], 0, 0, 0, 64),
+        ("window 4096 (Mistral-like) over a 2048 prefill + chunk", 32, 8, 128, 16, [(0, 2048), (3000, 1500)], 0, 0, 0, 4096),
+        ("window 1, G=4 D=128", 32, 8, 128, 16, mixed, 0, 0, 0, 1),
+        ("window 8192 > every context, G=2 D=64", 4, 2, 64, 16, mixed, 1, 1, 0, 8192),
+        ("window 40, grid.x = 1", 8, 2, 64, 16, [(60, 50), (0, 9)], 2, 1, 1, 40),
+    ]
     if quick:
         cases = [("quick mixed", 4, 2, 64, 16, [(5, 3), (9, 1), (0, 70)], 2, 1, 0),
-                 ("quick G=1", 2, 2, 128, 16, [(0, 5), (10, 1)], 0, 0, 0)]
-    for ci, (name, Hq, Hkv, D, pt, spec, pad_t, pad_s, gx) in enumerate(cases):
-        shape = f"{name}: Hq={Hq} Hkv={Hkv} D={D} seqs={len(spec)}+{pad_s} tokens={sum(n for _, n in spec)}+{pad_t}"
+                 ("quick G=1", 2, 2, 128, 16, [(0, 5), (10, 1)], 0, 0, 0),
+                 ("quick window 20", 4, 2, 64, 16, [(70, 60), (0, 3)], 0, 0, 0, 20)]
+    for ci, (name, Hq, Hkv, D, pt, spec, pad_t, pad_s, gx, *rest) in enumerate(cases):
+        window = rest[0] if rest else 0
+        shape = (f"{name}: Hq={Hq} Hkv={Hkv} D={D} seqs={len(spec)}+{pad_s} tokens={sum(n for _, n in spec)}+{pad_t}"
+                 + (f" window={window}" if window else ""))
         kname = f"attention_prefill_d{D}"
 
-        def run(Hq=Hq, Hkv=Hkv, D=D, pt=pt, spec=spec, pad_t=pad_t, pad_s=pad_s, gx=gx, ci=ci, shape=shape, kname=kname):
+        def run(Hq=Hq, Hkv=Hkv, D=D, pt=pt, spec=spec, pad_t=pad_t, pad_s=pad_s, gx=gx, ci=ci, shape=shape, kname=kname,
+                window=window):
             c = build_attention_case(spec, Hq, Hkv, D, pt, layers, layer, pad_t, pad_s, seed=531 + ci)
             G = Hq // Hkv
-            out = nanfull((c["Tb"] + 1, Hq * D))  # + 1 guard row
             grid = (gx or cdiv(c["Tb"], 64 // G) + c["Sb"], Hkv)
-            K.launch(kname, grid, (128,), prefill_tc_args(c, out, Hq, Hkv, D, pt, layers, layer))
+
+            def tc(w):
+                o = nanfull((c["Tb"] + 1, Hq * D))  # + 1 guard row
+                K.launch(kname, grid, (128,), prefill_tc_args(c, o, Hq, Hkv, D, pt, layers, layer, w))
+                return o
+            out = tc(window)
             simt = nanfull((c["Tb"], Hq * D))
-            K.launch(f"attention_d{D}", (cdiv(c["Tb"], 32 // G) + c["Sb"], Hkv), (128,),
-                     prefill_tc_args(c, simt, Hq, Hkv, D, pt, layers, layer))
-            ref, tbf = attention_refs(c, Hq, Hkv, D, D ** -0.5)
+            att_launch(K, c, simt, Hq, Hkv, D, pt, layers, layer, window)
+            ref, tbf = attention_refs(c, Hq, Hkv, D, D ** -0.5, window)
             n = c["n_tok"]
             diff = float((out[:n].double() - simt[:n].double()).abs().max()) if n else 0.0
             close(R, kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf,
                   note=f"max |tc - attention_d{D}| = {diff:.3e}")
             check_rows_past(R, kname, shape, out, n, c["Tb"])
+            window_extra_checks(R, K, kname, shape, out, c, Hq, Hkv, D, window, tc)
         R.case(kname, shape, run)
 
     if K.mock or quick:
         return
 
-    def timing(name, Hq, Hkv, D, n):
+    def timing(name, Hq, Hkv, D, n, window=0):
         c = build_attention_case([(0, n)], Hq, Hkv, D, 16, layers, layer, 0, 0, seed=7)
         G = Hq // Hkv
         out = nanfull((c["Tb"], Hq * D))
-        args = prefill_tc_args(c, out, Hq, Hkv, D, 16, layers, layer)
-        flops = 4.0 * D * Hq * (n * (n + 1) / 2)
+        args = prefill_tc_args(c, out, Hq, Hkv, D, 16, layers, layer, window)
+        flops = 4.0 * D * Hq * sum(min(i + 1, window) if window else i + 1 for i in range(n))
         us_tc = K.timed(f"attention_prefill_d{D}", (cdiv(n, 64 // G) + 1, Hkv), (128,), args, iters=10)
         us_simt = K.timed(f"attention_d{D}", (cdiv(n, 32 // G) + 1, Hkv), (128,), args, iters=3)
         R.add(kernel=f"attention_prefill_d{D}", shape=name, status="INFO",
@@ -1435,6 +1883,18 @@ def g_attention_prefill(K, R, quick):
     R.case("attention_prefill_d128", "timing", lambda: timing("prefill 8192 from empty (Qwen3-4B heads 32/8, D=128)", 32, 8, 128, 8192))
     R.case("attention_prefill_d128", "timing", lambda: timing("prefill 8192 from empty (Qwen3-0.6B heads 16/8, D=128)", 16, 8, 128, 8192))
     R.case("attention_prefill_d64", "timing", lambda: timing("prefill 8192 from empty (Qwen2.5-0.5B heads 14/2, D=64)", 14, 2, 64, 8192))
+    R.case("attention_prefill_d128", "timing", lambda: timing("prefill 8192 from empty, window 1024 (Gemma3-27B heads 32/16, D=128)",
+                                                              32, 16, 128, 8192, window=1024))
+
+    def timing256(name, Hq, Hkv, n, window):  # head_dim 256 has only the SIMT attention_d256
+        c = build_attention_case([(0, n)], Hq, Hkv, 256, 16, layers, layer, 0, 0, seed=8)
+        out = nanfull((c["Tb"], Hq * 256))
+        us = K.timed("attention_d256", (cdiv(n, 32 // (Hq // Hkv)) + 1, Hkv), (128,),
+                     att_args(c, out, Hq, Hkv, 256, 16, layers, layer, window), iters=3, smem=ATT_SMEM_D256)
+        R.add(kernel="attention_d256", shape=name, status="INFO", note=f"{us / 1000:.3f} ms")
+    R.case("attention_d256", "timing", lambda: timing256("prefill 4096 from empty (Gemma3-4B heads 8/4)", 8, 4, 4096, 0))
+    R.case("attention_d256", "timing", lambda: timing256("prefill 4096 from empty, window 1024 (Gemma3-4B heads 8/4)", 8, 4,
+                                                         4096, 1024))
 
 
 GROUP_FNS["attention_prefill"] = g_attention_prefill
@@ -1445,11 +1905,51 @@ def _flat(t):
     return t.view(-1)
 
 
-def _m_embedding(grid, block, out, table, ids, n, H, V):
+def _m_embedding(grid, block, out, table, ids, n, H, V, scale):
     o = _flat(out)
     for t in range(n):
         i = int(ids[t])
-        o[t * H:(t + 1) * H] = table.view(-1)[i * H:(i + 1) * H] if 0 <= i < V else 0
+        row = table.view(-1)[i * H:(i + 1) * H]
+        if scale != 1.0:
+            row = (row.float() * scale).to(BF)
+        o[t * H:(t + 1) * H] = row if 0 <= i < V else 0
+
+
+def _m_embedding_f32(grid, block, out, table, ids, n, H, V, scale):
+    o = _flat(out)
+    for t in range(n):
+        i = int(ids[t])
+        row = (table.view(-1)[i * H:(i + 1) * H].float() * scale).to(BF).float()
+        o[t * H:(t + 1) * H] = row if 0 <= i < V else 0
+
+
+def _m_rms_off(out, x, w, H, eps, off):
+    h = x.float()
+    r = torch.rsqrt(h.pow(2).sum() * (1.0 / H) + eps)
+    out.copy_(((h * r) * (off + w.float())).to(BF))
+
+
+def _m_rms_norm_off(grid, block, out, x, w, n, H, eps, off):
+    for t in range(n):
+        _m_rms_off(_flat(out)[t * H:(t + 1) * H], _flat(x)[t * H:(t + 1) * H], w, H, eps, off)
+
+
+def _m_add_rms_norm_off(grid, block, out, res, x, w, n, H, eps, off):
+    for t in range(n):
+        r = _flat(res)[t * H:(t + 1) * H]
+        if r.dtype == BF:
+            r.copy_((r.float() + _flat(x)[t * H:(t + 1) * H].float()).to(BF))
+        else:
+            r.copy_(r + _flat(x)[t * H:(t + 1) * H].float())
+        _m_rms_off(_flat(out)[t * H:(t + 1) * H], r, w, H, eps, off)
+
+
+def _m_geglu_tanh(grid, block, out, gu, n, I):
+    for t in range(n):
+        g = _flat(gu)[t * 2 * I:t * 2 * I + I].float()
+        u = _flat(gu)[t * 2 * I + I:(t + 1) * 2 * I].float()
+        a = torch.nn.functional.gelu(g, approximate="tanh").to(BF).float()
+        _flat(out)[t * I:(t + 1) * I] = (a * u).to(BF)
 
 
 def _m_rms(out, x, w, H, eps):
@@ -1501,29 +2001,41 @@ def _m_kv_write(grid, block, pool, qkv, slots, n, Hq, Hkv, D, layer, L, pt):
             _flat(pool)[o:o + Hkv * D] = src[kv * Hkv * D:(kv + 1) * Hkv * D]
 
 
-def _m_qk_norm_rope(grid, block, qkv, pool, qn, kn, bias, pos, slots, n, Hq, Hkv, D, layer, L, pt, theta, eps, flags):
+def _m_qk_norm_rope(grid, block, qkv, pool, qn, kn, bias, pos, slots, n, Hq, Hkv, D, layer, L, pt, theta, eps, flags,
+                    inv_freq=None, cos_scale=1.0, off=0.0):
     W = (Hq + 2 * Hkv) * D
     half = D // 2
     i = torch.arange(half)
     e = (2 * i).float() / D
     inv = 1.0 / torch.pow(torch.tensor(theta, dtype=torch.float64), e.double()).float()
+    if inv_freq is not None:
+        inv = inv_freq.float().cpu()
     for t in range(n):
         x = _flat(qkv)[t * W:(t + 1) * W].view(Hq + 2 * Hkv, D)
         xf = x.float()
         if flags & 2:
             xf = (xf + bias.view(Hq + 2 * Hkv, D).float()).to(BF).float()
         fr = float(pos[t]) * inv
-        cs = torch.cos(fr).to(BF).float()
-        sn = torch.sin(fr).to(BF).float()
-        cs = torch.cat((cs, cs))
-        sn = torch.cat((sn, sn))
+        cs = (torch.cos(fr) * cos_scale).to(BF).float()
+        sn = (torch.sin(fr) * cos_scale).to(BF).float()
+        if flags & 8:
+            cs, sn = cs.repeat_interleave(2), sn.repeat_interleave(2)
+        else:
+            cs = torch.cat((cs, cs))
+            sn = torch.cat((sn, sn))
         y = xf.clone()
         qk = xf[:Hq + Hkv]
         if flags & 1:
             r = torch.rsqrt(qk.pow(2).sum(-1, keepdim=True) * (1.0 / D) + eps)
             wts = torch.cat((qn.float()[None].expand(Hq, D), kn.float()[None].expand(Hkv, D)))
-            qk = (wts * (qk * r).to(BF).float()).to(BF).float()
-        rot = torch.cat((-qk[:, half:], qk[:, :half]), dim=-1)
+            if flags & 4:
+                qk = ((qk * r) * (off + wts)).to(BF).float()
+            else:
+                qk = (wts * (qk * r).to(BF).float()).to(BF).float()
+        if flags & 8:
+            rot = torch.stack((-qk[:, 1::2], qk[:, 0::2]), dim=-1).flatten(-2)
+        else:
+            rot = torch.cat((-qk[:, half:], qk[:, :half]), dim=-1)
         y[:Hq + Hkv] = ((qk * cs).to(BF).float() + (rot * sn).to(BF).float()).to(BF).float()
         x[:Hq] = y[:Hq].to(BF)
         s = int(slots[t])
@@ -1533,7 +2045,8 @@ def _m_qk_norm_rope(grid, block, qkv, pool, qn, kn, bias, pos, slots, n, Hq, Hkv
                 _flat(pool)[o:o + Hkv * D] = y[Hq + kv * Hkv:Hq + (kv + 1) * Hkv].reshape(-1).to(BF)
 
 
-def _m_attention(grid, block, out, q, pool, bt, seq_lens, qs, S, T, max_pages, q_stride, Hq, Hkv, layer, L, pt, scale, D):
+def _m_attention(grid, block, out, q, pool, bt, seq_lens, qs, S, T, max_pages, q_stride, Hq, Hkv, layer, L, pt, scale, window,
+                 D):
     G = Hq // Hkv
     for s in range(S):
         q0, q1, ctx = int(qs[s]), int(qs[s + 1]), int(seq_lens[s])
@@ -1553,16 +2066,17 @@ def _m_attention(grid, block, out, q, pool, bt, seq_lens, qs, S, T, max_pages, q
             t = q0 + i
             qq = _flat(q)[t * q_stride:t * q_stride + Hq * D].view(Hq, D).float()
             lim = ctx - n + i + 1
-            sc = torch.einsum("hd,chd->hc", qq, k[:lim]) * scale
+            lo = max(0, lim - window) if window > 0 else 0
+            sc = torch.einsum("hd,chd->hc", qq, k[lo:lim]) * scale
             p = torch.softmax(sc, -1)
-            _flat(out)[t * Hq * D:(t + 1) * Hq * D] = torch.einsum("hc,chd->hd", p, v[:lim]).reshape(-1).to(BF)
+            _flat(out)[t * Hq * D:(t + 1) * Hq * D] = torch.einsum("hc,chd->hd", p, v[lo:lim]).reshape(-1).to(BF)
     qend = int(qs[S])
     for t in range(qend, T):
         _flat(out)[t * Hq * D:(t + 1) * Hq * D] = 0
 
 
 def _m_attention_decode(grid, block, partial, q, pool, bt, seq_lens, qs, S, T, max_pages, q_stride, Hq, Hkv,
-                        layer, L, pt, scale, min_chunk, max_chunks, D):
+                        layer, L, pt, scale, min_chunk, max_chunks, window, D):
     """attention_decode.cu's algorithm: per token, chunk and head, the record (o unnormalized, m in
     the log2 domain, l) and the header of chunks (the grid's z changes nothing)."""
     G = Hq // Hkv
@@ -1575,7 +2089,9 @@ def _m_attention_decode(grid, block, partial, q, pool, bt, seq_lens, qs, S, T, m
         for t in range(qsl[s], qsl[s + 1]):
             row_of[t] = s
     for t in range(T):
-        chunk, act = dec_chunking(kmax[t], max_chunks, min_chunk)
+        chunk, act = dec_chunking(kmax[t], max_chunks, min_chunk, window)
+        klo = max(0, kmax[t] - window) if window > 0 else 0
+        kb = klo // 32 * 32
         pf[t] = float(act)
         if act == 0:
             continue
@@ -1589,7 +2105,7 @@ def _m_attention_decode(grid, block, partial, q, pool, bt, seq_lens, qs, S, T, m
         v = torch.stack(vs).repeat_interleave(G, dim=1)
         qq = _flat(q)[t * q_stride:t * q_stride + Hq * D].view(Hq, D).float()
         for sp in range(act):
-            k0, k1 = sp * chunk, min(sp * chunk + chunk, kmax[t])
+            k0, k1 = max(klo, kb + sp * chunk), min(kb + sp * chunk + chunk, kmax[t])
             sc = torch.einsum("hd,chd->hc", qq, k[k0:k1]) * (scale * 1.4426950408889634)
             m = sc.max(-1).values
             p = torch.exp2(sc - m[:, None])
@@ -1660,6 +2176,11 @@ MOCKS = {
     "attention_decode_d64": lambda *a: _m_attention_decode(*a, D=64),
     "attention_combine_d128": lambda *a: _m_attention_combine(*a, D=128),
     "attention_combine_d64": lambda *a: _m_attention_combine(*a, D=64),
+    "attention_d256": lambda *a: _m_attention(*a, D=256),
+    "attention_decode_d256": lambda *a: _m_attention_decode(*a, D=256),
+    "attention_combine_d256": lambda *a: _m_attention_combine(*a, D=256),
+    "embedding_f32": _m_embedding_f32, "rms_norm_off": _m_rms_norm_off, "add_rms_norm_off": _m_add_rms_norm_off,
+    "rms_norm_f32_off": _m_rms_norm_off, "add_rms_norm_f32_off": _m_add_rms_norm_off, "geglu_tanh": _m_geglu_tanh,
 }
 
 

@@ -87,25 +87,37 @@ def _sig(spec):
 
 
 SIG = {
-    "embedding": _sig("out:out_buffer<bf16> table:in_buffer<bf16> ids:in_buffer<i32> n:i32 hidden:i32 vocab:i32"),
+    "embedding": _sig("out:out_buffer<bf16> table:in_buffer<bf16> ids:in_buffer<i32> n:i32 hidden:i32 vocab:i32 scale:f32"),
+    "embedding_f32": _sig("out:out_buffer<f32> table:in_buffer<bf16> ids:in_buffer<i32> n:i32 hidden:i32 vocab:i32 "
+                          "scale:f32"),
     "rms_norm": _sig("out:out_buffer<bf16> x:in_buffer<bf16> w:in_buffer<bf16> n:i32 hidden:i32 eps:f32"),
     "add_rms_norm": _sig("out:out_buffer<bf16> residual:inout_buffer<bf16> x:in_buffer<bf16> w:in_buffer<bf16> "
                          "n:i32 hidden:i32 eps:f32"),
+    "rms_norm_off": _sig("out:out_buffer<bf16> x:in_buffer<bf16> w:in_buffer<bf16> n:i32 hidden:i32 eps:f32 off:f32"),
+    "add_rms_norm_off": _sig("out:out_buffer<bf16> residual:inout_buffer<bf16> x:in_buffer<bf16> w:in_buffer<bf16> "
+                             "n:i32 hidden:i32 eps:f32 off:f32"),
+    "rms_norm_f32_off": _sig("out:out_buffer<bf16> x:in_buffer<f32> w:in_buffer<bf16> n:i32 hidden:i32 eps:f32 off:f32"),
+    "add_rms_norm_f32_off": _sig("out:out_buffer<bf16> residual:inout_buffer<f32> x:in_buffer<bf16> w:in_buffer<bf16> "
+                                 "n:i32 hidden:i32 eps:f32 off:f32"),
     "swiglu": _sig("out:out_buffer<bf16> gate_up:in_buffer<bf16> n:i32 inter:i32"),
+    "geglu_tanh": _sig("out:out_buffer<bf16> gate_up:in_buffer<bf16> n:i32 inter:i32"),
     "gather_last": _sig("out:out_buffer<bf16> x:in_buffer<bf16> last_token:in_buffer<i32> seqs:i32 tokens:i32 hidden:i32"),
     "qk_norm_rope": _sig("qkv:inout_buffer<bf16> kv_base:inout_buffer<bf16> q_norm_w:in_buffer<bf16> "
                          "k_norm_w:in_buffer<bf16> qkv_bias:in_buffer<bf16> positions:in_buffer<i32> "
                          "slot_mapping:in_buffer<i32> n:i32 num_heads:i32 kv_heads:i32 head_dim:i32 layer:i32 "
-                         "num_layers:i32 page_tokens:i32 theta:f32 eps:f32 flags:i32"),
+                         "num_layers:i32 page_tokens:i32 theta:f32 eps:f32 flags:i32 inv_freq:ptr cos_scale:f32 "
+                         "norm_offset:f32"),
     "kv_write": _sig("kv_base:inout_buffer<bf16> qkv:in_buffer<bf16> slot_mapping:in_buffer<i32> n:i32 num_heads:i32 "
                      "kv_heads:i32 head_dim:i32 layer:i32 num_layers:i32 page_tokens:i32"),
     "attention": _sig("out:out_buffer<bf16> q:in_buffer<bf16> kv_base:in_buffer<bf16> block_tables:in_buffer<i32> "
                       "seq_lens:in_buffer<i32> query_start:in_buffer<i32> num_seqs:i32 num_tokens:i32 max_pages:i32 "
-                      "q_stride:i32 num_heads:i32 kv_heads:i32 layer:i32 num_layers:i32 page_tokens:i32 scale:f32"),
+                      "q_stride:i32 num_heads:i32 kv_heads:i32 layer:i32 num_layers:i32 page_tokens:i32 scale:f32 "
+                      "window:i32"),
     "attention_decode": _sig("partial:out_buffer<f32> q:in_buffer<bf16> kv_base:in_buffer<bf16> "
                              "block_tables:in_buffer<i32> seq_lens:in_buffer<i32> query_start:in_buffer<i32> "
                              "num_seqs:i32 num_tokens:i32 max_pages:i32 q_stride:i32 num_heads:i32 kv_heads:i32 "
-                             "layer:i32 num_layers:i32 page_tokens:i32 scale:f32 min_chunk:i32 max_chunks:i32"),
+                             "layer:i32 num_layers:i32 page_tokens:i32 scale:f32 min_chunk:i32 max_chunks:i32 "
+                             "window:i32"),
     "attention_combine": _sig("out:out_buffer<bf16> partial:in_buffer<f32> num_tokens:i32 num_heads:i32"),
     "argmax": _sig("out:out_buffer<i32> logits:in_buffer<f32> seqs:i32 vocab:i32"),
     "sample": _sig("out:out_buffer<i32> logits:in_buffer<f32> temperature:in_buffer<f32> top_k:in_buffer<i32> "
@@ -113,6 +125,26 @@ SIG = {
 }
 for _k, _v in SIG.items():
     SIG[_k] = [(n, t.replace("_", " ")) for n, t in _v]
+# qk_norm_rope with an inv_freq table (the null version above: `ptr` bound to {"null": true})
+SIG["qk_norm_rope_table"] = [(n, "in buffer<f32>" if n == "inv_freq" else t) for n, t in SIG["qk_norm_rope"]]
+
+# Dynamic shared memory of the head_dim-256 attention entries (their shared-memory structs are above
+# the 48 KiB of static shared memory: KERNELS.md; verify_kernels.py and the host emulation hold the
+# same numbers). Other head dims: 0.
+ATT_SMEM_D256 = 86032   # attention_d256: sizeof(AttSmem<256>)
+DEC_SMEM_D256 = 83984   # attention_decode_d256: sizeof(DecSmem<256>)
+
+
+def att_shared(D):
+    return ATT_SMEM_D256 if D == 256 else 0
+
+
+def dec_shared(D):
+    return DEC_SMEM_D256 if D == 256 else 0
+
+
+def NULLP():
+    return {"null": True}
 
 
 def gemm_sig(bias, f32out):
@@ -217,7 +249,7 @@ def rowwise_cases():
                       grid=["tokens", 1, 1], block=[128, 1, 1])
         op.buf("table", "bf16", [V, H], "input").buf("ids", "i32", ["tokens"], "input")
         op.buf("out", "bf16", ["tokens + 2", H], "output")
-        op.bind(out=B("out"), table=B("table"), ids=B("ids"), n=VAR("tokens"), hidden=I32(H), vocab=I32(V))
+        op.bind(out=B("out"), table=B("table"), ids=B("ids"), n=VAR("tokens"), hidden=I32(H), vocab=I32(V), scale=F32(1.0))
 
         def run(X):
             torch, vk = X.torch, X.vk
@@ -338,6 +370,117 @@ def rowwise_cases():
 
     for T, H, S in [(300, 1024, 5), (7, 1000, 3), (1, 2560, 1)]:
         gather_last(T, H, S)
+    return cases + rowwise_new_cases()
+
+
+def rowwise_new_cases():
+    """The entries of 2026-12-03 (Gemma 3): the scaled embedding and embedding_f32, the zero-centred
+    norms (*_off: Gemma3RMSNorm), geglu_tanh."""
+    cases = []
+
+    def embedding(kname, V, H, n, scale):
+        f32 = kname == "embedding_f32"
+        shape = f"V={V} H={H} n={n} scale={scale:g}"
+        op = SingleOp(f"single-op {kname} {shape}", "rowwise", kname, SIG[kname], {"tokens": n},
+                      grid=["tokens", 1, 1], block=[128, 1, 1])
+        op.buf("table", "bf16", [V, H], "input").buf("ids", "i32", ["tokens"], "input")
+        op.buf("out", "f32" if f32 else "bf16", ["tokens + 2", H], "output")
+        op.bind(out=B("out"), table=B("table"), ids=B("ids"), n=VAR("tokens"), hidden=I32(H), vocab=I32(V),
+                scale=F32(scale))
+
+        def run(X):
+            torch, vk = X.torch, X.vk
+            table = vk.randn((V, H), 11)
+            ids = torch.randint(0, V, (n,), generator=vk.gen(12), dtype=torch.int32)
+            ids[0], ids[1] = -1, V
+            ids = ids.to(X.dev)
+            out = X.kern(op, {"table": table, "ids": ids}, ["out"])["out"]
+            valid = (ids >= 0) & (ids < V)
+            ref = torch.zeros((n, H), dtype=X.BF, device=X.dev)
+            ref[valid] = table[ids[valid].long()] * torch.tensor(scale, dtype=X.BF, device=X.dev)  # one bf16 multiply
+            if f32:
+                ref = ref.float()
+            if X.guard_nan(kname, shape, out[n:]):
+                X.close(kname, shape, out[:n], ref.double(), exact=ref,
+                        note=("a copy" if scale == 1.0 else "bf16(row * scale)") + "; ids -1/V -> zeros")
+        cases.append(Case("rowwise", kname, shape, op, run))
+
+    s1152, s2560 = 34.0, 50.5  # bf16(sqrt(1152)), bf16(sqrt(2560)): Gemma3TextScaledWordEmbedding's embed_scale
+    for kname, V, H, n, scale in [("embedding", 1000, 1152, 7, s1152), ("embedding", 4000, 2560, 64, s2560),
+                                  ("embedding_f32", 1000, 1152, 7, s1152), ("embedding_f32", 1000, 1024, 9, 1.0)]:
+        embedding(kname, V, H, n, scale)
+
+    def norm_off(kname, H, n, off):
+        f32, add = "_f32" in kname, kname.startswith("add_")
+        dt = "f32" if f32 else "bf16"
+        shape = f"H={H} n={n} off={off:g}"
+        op = SingleOp(f"single-op {kname} {shape}", "rowwise", kname, SIG[kname], {"tokens": n},
+                      grid=["tokens", 1, 1], block=[128, 1, 1])
+        if add:
+            op.buf("residual", dt, ["tokens + 2", H], "input").buf("x", "bf16", ["tokens", H], "input")
+        else:
+            op.buf("x", dt, ["tokens", H], "input")
+        op.buf("w", "bf16", [H], "input").buf("out", "bf16", ["tokens + 2", H], "output")
+        binds = dict(out=B("out"), x=B("x"), w=B("w"), n=VAR("tokens"), hidden=I32(H), eps=F32(EPS), off=F32(off))
+        if add:
+            binds["residual"] = B("residual")
+        op.bind(**binds)
+
+        def run(X):
+            torch, vk = X.torch, X.vk
+            wz = 0.3 * torch.randn(H, generator=vk.gen(14))
+            w = (wz if off == 1.0 else 1.0 + wz).to(X.dev).to(X.BF)
+            tdt = torch.float32 if f32 else X.BF
+            if add:
+                res = vk.randn((n, H), 15, 2.0, dtype=tdt)
+                x = vk.randn((n, H), 16, 0.7)
+                resbuf = vk.nanfull((n + 2, H), tdt)
+                resbuf[:n] = res
+                got = X.kern(op, {"residual": resbuf, "x": x, "w": w}, ["out", "residual"])
+                out, resout = got["out"], got["residual"]
+                new_res = res + x if not f32 else res + x.float()
+                ok = X.guard_nan(kname, shape, resout[n:], "residual guard rows")
+                same = vk.bits_equal(resout[:n], new_res)
+                X.R.add(kernel=kname + "(residual)", shape=shape, err=0.0 if same else None,
+                        status="PASS" if same else "FAIL",
+                        note=("bit-exact " + ("fp32" if f32 else "bf16") + " add, in place") if same else
+                        f"residual != residual + x: {int((resout[:n].double() != new_res.double()).sum())} differ")
+                if not (ok and same):
+                    return
+                src, src64 = new_res, res.double() + x.double()
+            else:
+                x = vk.randn((n, H), 17, 2.0, dtype=tdt)
+                out = X.kern(op, {"x": x, "w": w}, ["out"])["out"]
+                src, src64 = x, x.double()
+            if X.guard_nan(kname, shape, out[n:]):
+                X.close(kname, shape, out[:n], vk.ref_rmsnorm_off(src64, w, off), tbf=vk.gemma_rmsnorm(src, w, off),
+                        note="Gemma3RMSNorm bf16((x*r)*(off+w))")
+        cases.append(Case("rowwise", kname, shape, op, run))
+
+    for kname in ("rms_norm_off", "add_rms_norm_off", "rms_norm_f32_off", "add_rms_norm_f32_off"):
+        for H, n, off in [(1152, 7, 1.0), (2560, 64, 1.0), (1003, 3, 0.0), (10000, 3, 1.0)]:
+            norm_off(kname, H, n, off)
+
+    def geglu(I, n):
+        shape = f"I={I} n={n}"
+        op = SingleOp(f"single-op geglu_tanh {shape}", "rowwise", "geglu_tanh", SIG["geglu_tanh"], {"tokens": n},
+                      grid=["tokens", 1, 1], block=[256, 1, 1])
+        op.buf("gate_up", "bf16", ["tokens", 2 * I], "input").buf("out", "bf16", ["tokens + 2", I], "output")
+        op.bind(out=B("out"), gate_up=B("gate_up"), n=VAR("tokens"), inter=I32(I))
+
+        def run(X):
+            torch, vk = X.torch, X.vk
+            gu = vk.randn((n, 2 * I), 18, 2.0)
+            out = X.kern(op, {"gate_up": gu}, ["out"])["out"]
+            g, u = gu[:, :I], gu[:, I:]
+            ref = torch.nn.functional.gelu(g.double(), approximate="tanh") * u.double()
+            tbf = torch.nn.functional.gelu(g, approximate="tanh") * u
+            if X.guard_nan("geglu_tanh", shape, out[n:]):
+                X.close("geglu_tanh", shape, out[:n], ref, tbf=tbf)
+        cases.append(Case("rowwise", "geglu_tanh", shape, op, run))
+
+    for I, n in [(6912, 7), (10240, 3), (1000, 300), (37, 5)]:
+        geglu(I, n)
     return cases
 
 
@@ -381,79 +524,154 @@ def kv_write_cases():
     return cases
 
 
+def qkr_op(tag, Hq, Hkv, D, pt, n, flags, table=False, cos_scale=1.0, off=0.0, theta=THETA, layers=2, layer=1):
+    """A qk_norm_rope single-op manifest: grid [tokens, ceil((Hq + 2 Hkv) / 8)], block 256; inv_freq a
+    `ptr` bound to null, or (table) an `in buffer<f32>` of D/2 floats."""
+    W = (Hq + 2 * Hkv) * D
+    num_pages = cdiv(n, pt) + 2
+    P = num_pages * pt * layers * 2 * Hkv * D
+    op = SingleOp(f"single-op qk_norm_rope {tag}", "rope", "qk_norm_rope",
+                  SIG["qk_norm_rope_table" if table else "qk_norm_rope"], {"tokens": n},
+                  grid=["tokens", cdiv(Hq + 2 * Hkv, 8), 1], block=[256, 1, 1])
+    op.buf("qkv", "bf16", ["tokens", W], "input").buf("kv_pool", "bf16", [P], "input")
+    op.buf("q_norm_w", "bf16", [D], "input").buf("k_norm_w", "bf16", [D], "input")
+    op.buf("qkv_bias", "bf16", [W], "input").buf("positions", "i32", ["tokens"], "input")
+    op.buf("slot_mapping", "i32", ["tokens"], "input")
+    if table:
+        op.buf("inv_freq", "f32", [D // 2], "input")
+    op.bind(qkv=B("qkv"), kv_base=B("kv_pool"), q_norm_w=B("q_norm_w"), k_norm_w=B("k_norm_w"),
+            qkv_bias=B("qkv_bias"), positions=B("positions"), slot_mapping=B("slot_mapping"), n=VAR("tokens"),
+            num_heads=I32(Hq), kv_heads=I32(Hkv), head_dim=I32(D), layer=I32(layer), num_layers=I32(layers),
+            page_tokens=I32(pt), theta=F32(theta), eps=F32(EPS), flags=I32(flags),
+            inv_freq=B("inv_freq") if table else NULLP(), cos_scale=F32(cos_scale), norm_offset=F32(off))
+    return op
+
+
+def qkr_run(X, op, c, inv=None, qkv=None, qn=None, kn=None, bias=None, tag="run"):
+    """Runs a qkr_op on the inputs of vk.qkr_inputs (the pool starts NaN); returns (qkv, pool)."""
+    ins = {"qkv": c["qkv"] if qkv is None else qkv, "kv_pool": c["pool"], "q_norm_w": c["qn"] if qn is None else qn,
+           "k_norm_w": c["kn"] if kn is None else kn, "qkv_bias": c["bias"] if bias is None else bias,
+           "positions": c["pos"], "slot_mapping": c["slots"]}
+    if inv is not None:
+        ins["inv_freq"] = inv.float()
+    got = X.kern(op, ins, ["qkv", "kv_pool"], tag=tag)
+    return got["qkv"], got["kv_pool"]
+
+
+def side_op(X, op, sub):
+    """Writes a second manifest for a case (beside the case's own, in a subdirectory) and returns it."""
+    op.write(os.path.join(X.case_dir, sub), X.runner.cubin_dir)
+    return op
+
+
 def qk_norm_rope_cases():
     cases = []
     layers, layer = 2, 1
     cfgs = [  # Hq, Hkv, D, page_tokens, n, flags, max position
         (16, 8, 128, 16, 7, 1, 100), (32, 8, 128, 64, 300, 1, 40000), (16, 8, 128, 16, 1, 1, 5),
         (14, 2, 64, 16, 64, 2, 30000), (14, 2, 64, 64, 7, 0, 1000), (8, 4, 128, 16, 33, 3, 20000),
+        (8, 4, 256, 16, 33, 1, 30000),
     ]
     for Hq, Hkv, D, pt, n, flags, maxpos in cfgs:
         shape = f"Hq={Hq} Hkv={Hkv} D={D} page={pt} n={n} flags={flags} pos<{maxpos}"
-        W = (Hq + 2 * Hkv) * D
-        num_pages = cdiv(n, pt) + 2
-        P = num_pages * pt * layers * 2 * Hkv * D
-        op = SingleOp(f"single-op qk_norm_rope {shape}", "rope", "qk_norm_rope", SIG["qk_norm_rope"], {"tokens": n},
-                      grid=["tokens", cdiv(Hq + 2 * Hkv, 8), 1], block=[256, 1, 1])
-        op.buf("qkv", "bf16", ["tokens", W], "input").buf("kv_pool", "bf16", [P], "input")
-        op.buf("q_norm_w", "bf16", [D], "input").buf("k_norm_w", "bf16", [D], "input")
-        op.buf("qkv_bias", "bf16", [W], "input").buf("positions", "i32", ["tokens"], "input")
-        op.buf("slot_mapping", "i32", ["tokens"], "input")
-        op.bind(qkv=B("qkv"), kv_base=B("kv_pool"), q_norm_w=B("q_norm_w"), k_norm_w=B("k_norm_w"),
-                qkv_bias=B("qkv_bias"), positions=B("positions"), slot_mapping=B("slot_mapping"), n=VAR("tokens"),
-                num_heads=I32(Hq), kv_heads=I32(Hkv), head_dim=I32(D), layer=I32(layer), num_layers=I32(layers),
-                page_tokens=I32(pt), theta=F32(THETA), eps=F32(EPS), flags=I32(flags))
+        op = qkr_op(shape, Hq, Hkv, D, pt, n, flags)
 
-        def run(X, Hq=Hq, Hkv=Hkv, D=D, pt=pt, n=n, flags=flags, maxpos=maxpos, shape=shape, op=op,
-                num_pages=num_pages, W=W):
-            torch, vk = X.torch, X.vk
-            qkv0 = vk.randn((n, W), 21, 1.5)
-            qn = (1 + 0.2 * torch.randn(D, generator=vk.gen(22))).to(X.dev).to(X.BF)
-            kn = (1 + 0.2 * torch.randn(D, generator=vk.gen(23))).to(X.dev).to(X.BF)
-            bias = vk.randn((W,), 24, 0.5)
-            pos = torch.randint(0, maxpos, (n,), generator=vk.gen(25), dtype=torch.int32)
-            pos[0] = maxpos - 1
-            pos = pos.to(X.dev)
-            slots = vk.make_slots(n, pt, num_pages, 26, invalid=(2,)).to(X.dev)
-            pool0 = vk.nanfull((num_pages * pt * layers * 2 * Hkv * D,))
-            got = X.kern(op, {"qkv": qkv0, "kv_pool": pool0, "q_norm_w": qn, "k_norm_w": kn, "qkv_bias": bias,
-                              "positions": pos, "slot_mapping": slots}, ["qkv", "kv_pool"])
-            qkv, pool = got["qkv"], got["kv_pool"]
-            # references: torch bf16 (transformers order of roundings) and fp64 (verify_kernels.py)
-            x = qkv0.view(n, Hq + 2 * Hkv, D)
-            if flags & 2:
-                x = x + bias.view(Hq + 2 * Hkv, D)
-            q, k, v = x[:, :Hq], x[:, Hq:Hq + Hkv], x[:, Hq + Hkv:]
-            q64, k64 = q.double(), k.double()
-            if flags & 1:
-                q, k = vk.hf_rmsnorm(q, qn), vk.hf_rmsnorm(k, kn)
-                q64, k64 = vk.ref_rmsnorm(q64, qn), vk.ref_rmsnorm(k64, kn)
-            cos, sin = vk.hf_cos_sin(pos, D)
-            cos, sin = cos[:, None, :], sin[:, None, :]
-            qt = (q * cos) + (vk.rotate_half(q) * sin)
-            kt = (k * cos) + (vk.rotate_half(k) * sin)
-            c64, s64 = vk.ref_cos_sin64(pos, D)
-            c64, s64 = c64[:, None, :], s64[:, None, :]
-            q64 = q64 * c64 + vk.rotate_half(q64) * s64
-            k64 = k64 * c64 + vk.rotate_half(k64) * s64
-            gq = qkv.view(n, Hq + 2 * Hkv, D)
-            X.close("qk_norm_rope(q)", shape, gq[:, :Hq], q64, tbf=qt)
-            if not vk.bits_equal(gq[:, Hq:], qkv0.view(n, Hq + 2 * Hkv, D)[:, Hq:]):
-                X.R.add(kernel="qk_norm_rope(k,v in qkv)", shape=shape, status="FAIL",
-                        note="k/v columns of qkv were modified")
-            pv = vk.pool_view(pool, layers, pt, Hkv, D)
-            valid = slots >= 0
-            s = slots[valid].long()
-            kgot = pv[:, layer, 0].reshape(-1, Hkv, D)[s]
-            vgot = pv[:, layer, 1].reshape(-1, Hkv, D)[s]
-            X.close("qk_norm_rope(k->cache)", shape, kgot, k64[valid], tbf=kt[valid])
-            X.close("qk_norm_rope(v->cache)", shape, vgot, v[valid].double(), exact=v[valid],
-                    note="v copied" + (" + bias" if flags & 2 else ""))
-            written = int((~torch.isnan(pool.double())).sum())
-            expect = int(valid.sum()) * 2 * Hkv * D
-            X.R.add(kernel="qk_norm_rope(pool)", shape=shape, status="PASS" if written == expect else "FAIL",
-                    note=f"{written} pool elements written, expected {expect} (slot -1 skipped)")
+        def run(X, Hq=Hq, Hkv=Hkv, D=D, pt=pt, n=n, flags=flags, maxpos=maxpos, shape=shape, op=op):
+            vk = X.vk
+            c = vk.qkr_inputs(n, Hq, Hkv, D, pt, maxpos, layers)
+            qkv, pool = qkr_run(X, op, c)
+            refs = vk.qkr_refs(c["qkv"], n, Hq, Hkv, D, flags, c["qn"], c["kn"], c["bias"], c["pos"])
+            vk.qkr_check(X.R, shape, c, qkv, pool, n, Hq, Hkv, D, pt, layer, layers, flags, refs, close_fn=X.close)
         cases.append(Case("qk_norm_rope", "qk_norm_rope", shape, op, run))
+
+    # the parameters of 2026-12-03 (Llama, Gemma 3). (1) An inv_freq table holding the kernel's computed
+    # frequencies gives the null (computed) path's bits, and matches transformers.
+    for Hq, Hkv, D, flags in [(16, 8, 128, 3), (14, 2, 64, 2), (8, 4, 256, 1)]:
+        n, pt = 33, 16
+        shape = f"inv_freq table == computed: Hq={Hq} Hkv={Hkv} D={D} flags={flags}"
+        op = qkr_op(shape, Hq, Hkv, D, pt, n, flags, table=True)
+
+        def run_table(X, Hq=Hq, Hkv=Hkv, D=D, flags=flags, shape=shape, op=op, n=n, pt=pt):
+            vk = X.vk
+            c = vk.qkr_inputs(n, Hq, Hkv, D, pt, 40000, layers, seed=31)
+            b = qkr_run(X, op, c, inv=vk.kern_inv_freq(D), tag="table")
+            op0 = side_op(X, qkr_op(shape + " (null)", Hq, Hkv, D, pt, n, flags), "null")
+            a = qkr_run(X, op0, c, tag="null")
+            same = vk.bits_equal(a[0], b[0]) and vk.bits_equal(a[1].nan_to_num(0.0), b[1].nan_to_num(0.0)) and \
+                bool((X.torch.isnan(a[1]) == X.torch.isnan(b[1])).all())
+            X.R.add(kernel="qk_norm_rope(inv_freq table)", shape=shape, status="PASS" if same else "FAIL",
+                    note="q, k, v bit-identical to the null (computed) path" if same else
+                    "NOT bit-identical to the null (computed) path")
+            refs = vk.qkr_refs(c["qkv"], n, Hq, Hkv, D, flags, c["qn"], c["kn"], c["bias"], c["pos"], inv=vk.kern_inv_freq(D))
+            vk.qkr_check(X.R, shape, c, b[0], b[1], n, Hq, Hkv, D, pt, layer, layers, flags, refs, close_fn=X.close)
+        cases.append(Case("qk_norm_rope", "qk_norm_rope", shape, op, run_table))
+
+    # (2) Llama 3.1's scaled frequencies as the table, YaRN's attention factor as cos_scale
+    for Hq, Hkv, D, flags, cos_scale in [(32, 8, 128, 0, 1.0), (32, 8, 128, 2, 1.2079441)]:
+        n, pt = 64, 16
+        shape = f"llama3-scaled inv_freq table, cos_scale {cos_scale}: Hq={Hq} Hkv={Hkv} D={D} flags={flags}"
+        op = qkr_op(shape, Hq, Hkv, D, pt, n, flags, table=True, cos_scale=cos_scale)
+
+        def run_scaled(X, Hq=Hq, Hkv=Hkv, D=D, flags=flags, cos_scale=cos_scale, shape=shape, op=op, n=n, pt=pt):
+            vk = X.vk
+            c = vk.qkr_inputs(n, Hq, Hkv, D, pt, 100000, layers, seed=41)
+            inv = vk.llama3_inv_freq(D)
+            qkv, pool = qkr_run(X, op, c, inv=inv)
+            refs = vk.qkr_refs(c["qkv"], n, Hq, Hkv, D, flags, c["qn"], c["kn"], c["bias"], c["pos"], inv=inv,
+                               cos_scale=cos_scale)
+            vk.qkr_check(X.R, shape, c, qkv, pool, n, Hq, Hkv, D, pt, layer, layers, flags, refs, close_fn=X.close)
+        cases.append(Case("qk_norm_rope", "qk_norm_rope", shape, op, run_scaled))
+
+    # (3) QKR_ADJACENT on llama.cpp's permuted q / k rows: element for element the neox run on the
+    # Hugging Face rows, permuted (bit-exact without the norm)
+    for Hq, Hkv, D, flags in [(32, 8, 128, 0), (8, 4, 256, 2)]:
+        n, pt = 33, 16
+        shape = f"QKR_ADJACENT on GGUF-permuted rows: Hq={Hq} Hkv={Hkv} D={D} flags={flags | 8}"
+        op = qkr_op(shape, Hq, Hkv, D, pt, n, flags | 8)
+
+        def run_adj(X, Hq=Hq, Hkv=Hkv, D=D, flags=flags, shape=shape, op=op, n=n, pt=pt):
+            vk, torch = X.vk, X.torch
+            H = Hq + 2 * Hkv
+            c = vk.qkr_inputs(n, Hq, Hkv, D, pt, 40000, layers, seed=51)
+            x = c["qkv"].view(n, H, D)
+            xp = torch.cat([vk.gguf_permute(x[:, :Hq + Hkv], D), x[:, Hq + Hkv:]], dim=1).reshape(n, H * D).contiguous()
+            bb = c["bias"].view(H, D)
+            bp = torch.cat([vk.gguf_permute(bb[:Hq + Hkv], D), bb[Hq + Hkv:]], dim=0).reshape(-1).contiguous()
+            qnp, knp = vk.gguf_permute(c["qn"], D).contiguous(), vk.gguf_permute(c["kn"], D).contiguous()
+            gg = qkr_run(X, op, c, qkv=xp, qn=qnp, kn=knp, bias=bp, tag="adjacent")
+            hf = qkr_run(X, side_op(X, qkr_op(shape + " (neox)", Hq, Hkv, D, pt, n, flags), "neox"), c, tag="neox")
+            pv_hf, pv_gg = vk.pool_view(hf[1], layers, pt, Hkv, D), vk.pool_view(gg[1], layers, pt, Hkv, D)
+            valid = c["slots"] >= 0
+            s_ = c["slots"][valid].long()
+            q_same = vk.bits_equal(gg[0].view(n, H, D)[:, :Hq], vk.gguf_permute(hf[0].view(n, H, D)[:, :Hq], D).contiguous())
+            k_same = vk.bits_equal(pv_gg[:, layer, 0].reshape(-1, Hkv, D)[s_],
+                                   vk.gguf_permute(pv_hf[:, layer, 0].reshape(-1, Hkv, D)[s_], D).contiguous())
+            v_same = vk.bits_equal(pv_gg[:, layer, 1].reshape(-1, Hkv, D)[s_], pv_hf[:, layer, 1].reshape(-1, Hkv, D)[s_])
+            X.R.add(kernel="qk_norm_rope(adjacent == permuted neox)", shape=shape,
+                    status="PASS" if q_same and k_same and v_same else "FAIL",
+                    note=f"q {'==' if q_same else '!='}, k {'==' if k_same else '!='}, v {'==' if v_same else '!='} the "
+                         f"neox run on the HF rows, permuted")
+            refs = vk.qkr_refs(xp, n, Hq, Hkv, D, flags | 8, qnp, knp, bp, c["pos"])
+            vk.qkr_check(X.R, shape, dict(c, qkv=xp), gg[0], gg[1], n, Hq, Hkv, D, pt, layer, layers, flags | 8, refs,
+                         close_fn=X.close)
+        cases.append(Case("qk_norm_rope", "qk_norm_rope", shape, op, run_adj))
+
+    # (4) Gemma 3's q / k norm (flags 5: QKR_NORM | QKR_NORM_F32), offsets 1 (HF) and 0 (GGUF)
+    for Hq, Hkv, D, off, theta in [(8, 4, 256, 1.0, 1e6), (4, 1, 256, 0.0, 1e4)]:
+        n, pt = 64, 16
+        shape = f"Gemma q/k norm (flags 5) norm_offset {off:g} theta {theta:g}: Hq={Hq} Hkv={Hkv} D={D}"
+        op = qkr_op(shape, Hq, Hkv, D, pt, n, 5, off=off, theta=theta)
+
+        def run_gemma(X, Hq=Hq, Hkv=Hkv, D=D, off=off, theta=theta, shape=shape, op=op, n=n, pt=pt):
+            vk, torch = X.vk, X.torch
+            c = vk.qkr_inputs(n, Hq, Hkv, D, pt, 32768, layers, seed=61)
+            if off == 1.0:  # zero-centred Hugging Face weights
+                c["qn"] = (0.3 * torch.randn(D, generator=vk.gen(62))).to(X.dev).to(X.BF)
+                c["kn"] = (0.3 * torch.randn(D, generator=vk.gen(63))).to(X.dev).to(X.BF)
+            qkv, pool = qkr_run(X, op, c)
+            refs = vk.qkr_refs(c["qkv"], n, Hq, Hkv, D, 5, c["qn"], c["kn"], c["bias"], c["pos"], off=off, theta=theta)
+            vk.qkr_check(X.R, shape, c, qkv, pool, n, Hq, Hkv, D, pt, layer, layers, 5, refs, close_fn=X.close)
+        cases.append(Case("qk_norm_rope", "qk_norm_rope", shape, op, run_gemma))
     return cases
 
 
@@ -476,8 +694,17 @@ def attention_cases():
         ("page 64, prefill chunks + decode + pad", 16, 8, 64, 64, [(130, 70), (0, 1), (64, 1), (700, 129)], 2, 1,
          (2, 1), None),
         ("grid.x=1 (grid-stride loop)", 8, 2, 128, 16, [(40, 20), (0, 9), (7, 1)], 0, 0, (2, 1), 1),
+        # head_dim 256 (Gemma 3; 86032 bytes of dynamic shared memory) and sliding windows (last field)
+        ("Gemma3-4B heads G=2 D=256, page 16, mixed+pad", 8, 4, 256, 16, mixed, 5, 2, (2, 1), None),
+        ("Gemma3-4B heads, window 1024", 8, 4, 256, 16, [(1500, 700), (0, 1100), (2000, 1)], 0, 0, (2, 1), None, 1024),
+        ("Gemma3-1B heads G=4 D=256, window 512, grid.x=3", 4, 1, 256, 16, mixed, 3, 1, (2, 1), 3, 512),
+        ("0.6B heads, window 100, page 64", 16, 8, 128, 64, mixed, 5, 2, (2, 1), None, 100),
+        ("Qwen2.5-0.5B heads G=7 D=64, window 45", 14, 2, 64, 16, mixed, 4, 2, (2, 1), None, 45),
+        ("window 1, G=4 D=128", 32, 8, 128, 16, mixed, 0, 0, (2, 1), None, 1),
+        ("window 4096 > every context, G=2 D=64", 4, 2, 64, 16, mixed, 1, 1, (2, 1), None, 4096),
     ]
-    for ci, (name, Hq, Hkv, D, pt, spec, pad_t, pad_s, (layers, layer), gx) in enumerate(specs):
+    for ci, (name, Hq, Hkv, D, pt, spec, pad_t, pad_s, (layers, layer), gx, *rest) in enumerate(specs):
+        window = rest[0] if rest else 0
         S = len(spec)
         ctxs = [c + n for c, n in spec]
         pages_per = [cdiv(c, pt) for c in ctxs]
@@ -490,31 +717,53 @@ def attention_cases():
         kname = f"attention_d{D}"
         shape = f"{name}: Hq={Hq} Hkv={Hkv} seqs={S}+{pad_s} tok={n_tok}+{pad_t} pages={max_pages}"
         P = total_pages * pt * layers * 2 * Hkv * D
-        op = SingleOp(f"single-op {kname} {name}", "attention", kname, SIG["attention"],
-                      {"tokens": Tb, "seqs": Sb, "pages": max_pages},
-                      grid=[f"ceil(tokens/{BQ}) + seqs" if gx is None else gx, Hkv, 1], block=[128, 1, 1])
-        op.buf("qkv", "bf16", ["tokens", (Hq + 2 * Hkv) * D], "input").buf("kv_pool", "bf16", [P], "input")
-        op.buf("block_tables", "i32", ["seqs", "pages"], "input").buf("seq_lens", "i32", ["seqs"], "input")
-        op.buf("query_start", "i32", ["seqs + 1"], "input").buf("out", "bf16", ["tokens + 1", Hq * D], "output")
-        op.bind(out=B("out"), q=B("qkv"), kv_base=B("kv_pool"), block_tables=B("block_tables"),
-                seq_lens=B("seq_lens"), query_start=B("query_start"), num_seqs=VAR("seqs"), num_tokens=VAR("tokens"),
-                max_pages=VAR("pages"), q_stride=I32((Hq + 2 * Hkv) * D), num_heads=I32(Hq), kv_heads=I32(Hkv),
-                layer=I32(layer), num_layers=I32(layers), page_tokens=I32(pt), scale=F32(D ** -0.5))
+        op = att_op(kname, "attention", name, Hq, Hkv, D, pt, layers, layer, Tb, Sb, max_pages, P,
+                    f"ceil(tokens/{BQ}) + seqs" if gx is None else gx, window)
 
         def run(X, Hq=Hq, Hkv=Hkv, D=D, pt=pt, spec=spec, pad_t=pad_t, pad_s=pad_s, ci=ci, shape=shape,
-                kname=kname, op=op, layers=layers, layer=layer, sizes=(Sb, Tb, max_pages)):
+                kname=kname, op=op, layers=layers, layer=layer, sizes=(Sb, Tb, max_pages), window=window, gx=gx, BQ=BQ,
+                P=P):
             vk = X.vk
             c = vk.build_attention_case(spec, Hq, Hkv, D, pt, layers, layer, pad_t, pad_s, seed=31 + ci)
             assert (c["Sb"], c["Tb"], c["max_pages"]) == sizes, ((c["Sb"], c["Tb"], c["max_pages"]), sizes)
             scale = D ** -0.5
-            out = X.kern(op, {"qkv": c["qkv"], "kv_pool": c["pool"], "block_tables": c["bt"],
-                              "seq_lens": c["seq_lens"], "query_start": c["qs"]}, ["out"])["out"]
-            ref, tbf = vk.attention_refs(c, Hq, Hkv, D, scale)
+            out = att_run(X, op, c)
+            ref, tbf = vk.attention_refs(c, Hq, Hkv, D, scale, window)
             n = c["n_tok"]
-            X.close(kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf, note="fp32 softmax/PV vs SDPA")
+            X.close(kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf,
+                    note="fp32 softmax/PV vs SDPA" + (f", window {window}" if window else ""))
             vk.check_rows_past(X.R, kname, shape, out, n, c["Tb"])
+            rerun = (lambda w: att_run(X, side_op(X, att_op(kname, "attention", f"{shape} window {w}", Hq, Hkv, D, pt, layers,
+                                                             layer, sizes[1], sizes[0], sizes[2], P,
+                                                             f"ceil(tokens/{BQ}) + seqs" if gx is None else gx, w),
+                                                  f"window{w}"), c, tag=f"w{w}"))
+            vk.window_extra_checks(X.R, NOT_MOCK, kname, shape, out, c, Hq, Hkv, D, window, rerun)
         cases.append(Case("attention", kname, shape, op, run))
     return cases
+
+
+NOT_MOCK = type("NotMock", (), {"mock": False})()
+
+
+def att_op(kname, stem, name, Hq, Hkv, D, pt, layers, layer, Tb, Sb, max_pages, P, grid_x, window):
+    """A single-op manifest of attention_dD (stem attention) or attention_prefill_dD (stem attention_prefill):
+    KERN_ATT_ARGS bound to the step's buffers; shared = 86032 for attention_d256 (dynamic), else 0."""
+    op = SingleOp(f"single-op {kname} {name}", stem, kname, SIG["attention"],
+                  {"tokens": Tb, "seqs": Sb, "pages": max_pages}, grid=[grid_x, Hkv, 1], block=[128, 1, 1],
+                  shared=att_shared(D) if stem == "attention" else 0)
+    op.buf("qkv", "bf16", ["tokens", (Hq + 2 * Hkv) * D], "input").buf("kv_pool", "bf16", [P], "input")
+    op.buf("block_tables", "i32", ["seqs", "pages"], "input").buf("seq_lens", "i32", ["seqs"], "input")
+    op.buf("query_start", "i32", ["seqs + 1"], "input").buf("out", "bf16", ["tokens + 1", Hq * D], "output")
+    op.bind(out=B("out"), q=B("qkv"), kv_base=B("kv_pool"), block_tables=B("block_tables"),
+            seq_lens=B("seq_lens"), query_start=B("query_start"), num_seqs=VAR("seqs"), num_tokens=VAR("tokens"),
+            max_pages=VAR("pages"), q_stride=I32((Hq + 2 * Hkv) * D), num_heads=I32(Hq), kv_heads=I32(Hkv),
+            layer=I32(layer), num_layers=I32(layers), page_tokens=I32(pt), scale=F32(D ** -0.5), window=I32(window))
+    return op
+
+
+def att_run(X, op, c, tag="run"):
+    return X.kern(op, {"qkv": c["qkv"], "kv_pool": c["pool"], "block_tables": c["bt"], "seq_lens": c["seq_lens"],
+                       "query_start": c["qs"]}, ["out"], tag=tag)["out"]
 
 
 # ============================================================================ cases: attention_decode
@@ -530,10 +779,10 @@ class TwoLaunchOp(SingleOp):
     are the first kernel's followed by the second kernel's that the first lacks (matched by name);
     each launch passes its own kernel's params by name."""
 
-    def __init__(self, model, stem, entry, sig, vars, grid, block, entry2, sig2, grid2, block2):
+    def __init__(self, model, stem, entry, sig, vars, grid, block, entry2, sig2, grid2, block2, shared=0):
         first = dict(sig)
         extra = [(n, t) for n, t in sig2 if n not in first]
-        super().__init__(model, stem, entry, list(sig) + extra, vars, grid, block)
+        super().__init__(model, stem, entry, list(sig) + extra, vars, grid, block, shared)
         self.sig1 = list(sig)
         self.entry2, self.sig2, self.grid2, self.block2 = entry2, list(sig2), list(grid2), list(block2)
 
@@ -566,54 +815,85 @@ def attention_decode_cases():
         ("Z=128 > max_chunks, G=2 D=128, ctx 4096/15", 16, 8, 128, 16, [4096, 15], [(0, 4096), (1, 15)], 0, 0, 128),
         ("Z=1 (CTAs loop over chunks), 4B heads, ctx 4096/1000/15", 32, 8, 128, 16, [4096, 1000, 15],
          [(0, 4096), (1, 1000), (2, 15)], 0, 0, 1),
+        # head_dim 256 (Gemma 3: 83984 bytes of dynamic shared memory for the split kernel, combine block
+        # 256) and sliding windows (the last field): rows on both sides of the window's edge, verify rows
+        # whose windows start in different key tiles, window 1, a window longer than every context
+        ("Gemma3-4B heads G=2 D=256 b=3 ctx 1/1000/4096 +pad", 8, 4, 256, 16, [1, 1000, 4096],
+         [(0, 1), (1, 1000), (2, 4096)], 1, 1, None),
+        ("Gemma3-4B heads, window 1024, ctx 1023/1024/1025/1057/4096", 8, 4, 256, 16, [1023, 1024, 1025, 1057, 4096],
+         [(0, 1023), (1, 1024), (2, 1025), (3, 1057), (4, 4096)], 0, 0, None, 1024),
+        ("Gemma3-1B heads G=4 D=256, window 512, Z=1", 4, 1, 256, 16, [600, 4096], [(0, 600), (1, 4096)], 0, 0, 1, 512),
+        ("verify rows across the window's key tile, window 1000, 4B heads", 32, 8, 128, 16, [1040],
+         [(0, 1030 + j) for j in range(5)], 1, 1, None, 1000),
+        ("window 1, G=4 D=64, ctx 1/33/4096", 8, 2, 64, 16, [1, 33, 4096], [(0, 1), (1, 33), (2, 4096)], 0, 0, None, 1),
+        ("window 8192 > every context, 0.6B heads", 16, 8, 128, 16, [1, 1000, 4096], [(0, 1), (1, 1000), (2, 4096)], 0, 0,
+         None, 8192),
     ]
-    for ci, (name, Hq, Hkv, D, pt, groups, rows, pad_t, pad_s, splits) in enumerate(specs):
+    for ci, (name, Hq, Hkv, D, pt, groups, rows, pad_t, pad_s, splits, *rest) in enumerate(specs):
+        window = rest[0] if rest else 0
         layers, layer = 2, 1
         pages_per = [cdiv(c, pt) for c in groups]
         max_pages = max(pages_per) + 1
         total_pages = sum(pages_per) + 3
         Sb, Tb = len(rows) + pad_s, len(rows) + pad_t
         MC = max(1, min(DEC_MAX_SPLITS, cdiv(DEC_TARGET_CTAS, Hkv)))  # the manifest's decode_max_chunks
-        S_expr = f"min({MC}, cdiv({DEC_GRID_CTAS}, seqs * {Hkv}))" if splits is None else splits
         S = max(1, min(MC, cdiv(DEC_GRID_CTAS, Sb * Hkv))) if splits is None else splits
         nP = cdiv(Tb, 4) * 4 + MC * Tb * Hq * (D + 4)
         kname = f"attention_decode_d{D}"
         shape = f"{name}: Hq={Hq} Hkv={Hkv} rows={len(rows)}+{pad_t} Z={S} max_chunks={MC}"
         P = total_pages * pt * layers * 2 * Hkv * D
-        op = TwoLaunchOp(f"single-op {kname} {name}", "attention_decode", kname, SIG["attention_decode"],
-                         {"tokens": Tb, "seqs": Sb, "pages": max_pages}, grid=["tokens", Hkv, S_expr],
-                         block=[128, 1, 1], entry2=f"attention_combine_d{D}", sig2=SIG["attention_combine"],
-                         grid2=["tokens", Hq, 1], block2=[D, 1, 1])
-        op.buf("qkv", "bf16", ["tokens", (Hq + 2 * Hkv) * D], "input").buf("kv_pool", "bf16", [P], "input")
-        op.buf("block_tables", "i32", ["seqs", "pages"], "input").buf("seq_lens", "i32", ["seqs"], "input")
-        op.buf("query_start", "i32", ["seqs + 1"], "input").buf("out", "bf16", ["tokens + 1", Hq * D], "output")
-        op.buf("partial", "f32", [nP + 64], "output")
-        op.bind(partial=B("partial"), q=B("qkv"), kv_base=B("kv_pool"), block_tables=B("block_tables"),
-                seq_lens=B("seq_lens"), query_start=B("query_start"), num_seqs=VAR("seqs"), num_tokens=VAR("tokens"),
-                max_pages=VAR("pages"), q_stride=I32((Hq + 2 * Hkv) * D), num_heads=I32(Hq), kv_heads=I32(Hkv),
-                layer=I32(layer), num_layers=I32(layers), page_tokens=I32(pt), scale=F32(D ** -0.5),
-                min_chunk=I32(DEC_MIN_CHUNK), max_chunks=I32(MC), out=B("out"))
+        op = dec_op(kname, name, Hq, Hkv, D, pt, layers, layer, Tb, Sb, max_pages, P, MC, nP, splits, window)
 
         def run(X, Hq=Hq, Hkv=Hkv, D=D, pt=pt, groups=groups, rows=rows, pad_t=pad_t, pad_s=pad_s, ci=ci,
-                shape=shape, kname=kname, op=op, layers=layers, layer=layer, sizes=(Sb, Tb, max_pages), MC=MC, nP=nP):
+                shape=shape, kname=kname, op=op, layers=layers, layer=layer, sizes=(Sb, Tb, max_pages), MC=MC, nP=nP,
+                window=window, splits=splits, P=P, name=name):
             vk = X.vk
             c = vk.build_decode_case(groups, rows, Hq, Hkv, D, pt, layers, layer, pad_t, pad_s, seed=400 + ci)
             assert (c["Sb"], c["Tb"], c["max_pages"]) == sizes, ((c["Sb"], c["Tb"], c["max_pages"]), sizes)
-            res = X.kern(op, {"qkv": c["qkv"], "kv_pool": c["pool"], "block_tables": c["bt"],
-                              "seq_lens": c["seq_lens"], "query_start": c["qs"]}, ["out", "partial"])
-            out, partial = res["out"], res["partial"]
-            ref, tbf = vk.attention_refs(c, Hq, Hkv, D, D ** -0.5)
+            out, partial = dec_run(X, op, c)
+            ref, tbf = vk.attention_refs(c, Hq, Hkv, D, D ** -0.5, window)
             n, T = c["n_tok"], c["Tb"]
-            X.close(kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf, note="split-KV + combine vs SDPA")
+            X.close(kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf,
+                    note="split-KV + combine vs SDPA" + (f", window {window}" if window else ""))
             vk.check_rows_past(X.R, kname, shape, out, n, T)
             X.guard_nan(kname, shape, partial[nP:], "scratch past its size")
             kmax = vk.dec_token_kmax(c["qs"].cpu(), c["seq_lens"].cpu(), c["Sb"], T)
-            act = [float(vk.dec_chunking(k, MC, DEC_MIN_CHUNK)[1]) for k in kmax]
+            act = [float(vk.dec_chunking(k, MC, DEC_MIN_CHUNK, window)[1]) for k in kmax]
             hdr = [float(x) for x in partial[:T].cpu().tolist()]
             X.R.add(kernel=kname + "(header)", shape=shape, status="PASS" if hdr == act else "FAIL",
                     note=f"chunks per token {sorted(set(act))}" if hdr == act else f"header {hdr[:8]} != {act[:8]}")
+            rerun = (lambda w: dec_run(X, side_op(X, dec_op(kname, f"{name} window {w}", Hq, Hkv, D, pt, layers, layer,
+                                                            sizes[1], sizes[0], sizes[2], P, MC, nP, splits, w),
+                                                  f"window{w}"), c, tag=f"w{w}")[0])
+            vk.window_extra_checks(X.R, NOT_MOCK, kname, shape, out, c, Hq, Hkv, D, window, rerun)
         cases.append(Case("attention_decode", kname, shape, op, run))
     return cases
+
+
+def dec_op(kname, name, Hq, Hkv, D, pt, layers, layer, Tb, Sb, max_pages, P, MC, nP, splits, window):
+    """The split decode op as the manifest writes it: attention_decode_dD (grid [tokens, Hkv, Z], block 128,
+    shared 83984 at D = 256) then attention_combine_dD (grid [tokens, Hq], block D) on the scratch."""
+    S_expr = f"min({MC}, cdiv({DEC_GRID_CTAS}, seqs * {Hkv}))" if splits is None else splits
+    op = TwoLaunchOp(f"single-op {kname} {name}", "attention_decode", kname, SIG["attention_decode"],
+                     {"tokens": Tb, "seqs": Sb, "pages": max_pages}, grid=["tokens", Hkv, S_expr],
+                     block=[128, 1, 1], entry2=f"attention_combine_d{D}", sig2=SIG["attention_combine"],
+                     grid2=["tokens", Hq, 1], block2=[D, 1, 1], shared=dec_shared(D))
+    op.buf("qkv", "bf16", ["tokens", (Hq + 2 * Hkv) * D], "input").buf("kv_pool", "bf16", [P], "input")
+    op.buf("block_tables", "i32", ["seqs", "pages"], "input").buf("seq_lens", "i32", ["seqs"], "input")
+    op.buf("query_start", "i32", ["seqs + 1"], "input").buf("out", "bf16", ["tokens + 1", Hq * D], "output")
+    op.buf("partial", "f32", [nP + 64], "output")
+    op.bind(partial=B("partial"), q=B("qkv"), kv_base=B("kv_pool"), block_tables=B("block_tables"),
+            seq_lens=B("seq_lens"), query_start=B("query_start"), num_seqs=VAR("seqs"), num_tokens=VAR("tokens"),
+            max_pages=VAR("pages"), q_stride=I32((Hq + 2 * Hkv) * D), num_heads=I32(Hq), kv_heads=I32(Hkv),
+            layer=I32(layer), num_layers=I32(layers), page_tokens=I32(pt), scale=F32(D ** -0.5),
+            min_chunk=I32(DEC_MIN_CHUNK), max_chunks=I32(MC), window=I32(window), out=B("out"))
+    return op
+
+
+def dec_run(X, op, c, tag="run"):
+    res = X.kern(op, {"qkv": c["qkv"], "kv_pool": c["pool"], "block_tables": c["bt"], "seq_lens": c["seq_lens"],
+                      "query_start": c["qs"]}, ["out", "partial"], tag=tag)
+    return res["out"], res["partial"]
 
 
 # ============================================================================ cases: argmax, sample
@@ -896,9 +1176,16 @@ def attention_prefill_cases():
         ("4B heads, page 16, mixed+pad", 32, 8, 128, 16, mixed, 3, 1),
         ("Qwen2.5-0.5B heads G=7, page 16, mixed+pad", 14, 2, 64, 16, mixed, 4, 2),
         ("G=1 D=128, page 64", 8, 8, 128, 64, [(0, 7), (200, 1), (64, 129)], 0, 0),
+        # sliding windows (the last field; head_dim 64 / 128 only)
+        ("window 100, 4B heads, page 16", 32, 8, 128, 16, mixed, 3, 1, 100),
+        ("window 20, G=1 D=64 (64 tokens per tile)", 1, 1, 64, 16, [(170, 130), (3, 20), (0, 300)], 0, 0, 20),
+        ("window 130, Qwen2.5-0.5B heads G=7 D=64", 14, 2, 64, 16, [(300, 90), (5, 40)], 3, 1, 130),
+        ("window 1, G=4 D=128", 32, 8, 128, 16, mixed, 0, 0, 1),
+        ("window 8192 > every context, G=2 D=64", 4, 2, 64, 16, mixed, 1, 1, 8192),
     ]
     layers, layer = 2, 1
-    for ci, (name, Hq, Hkv, D, pt, spec, pad_t, pad_s) in enumerate(specs):
+    for ci, (name, Hq, Hkv, D, pt, spec, pad_t, pad_s, *rest) in enumerate(specs):
+        window = rest[0] if rest else 0
         S = len(spec)
         pages_per = [cdiv(c + n, pt) for c, n in spec]
         max_pages = max(pages_per) + 1
@@ -908,28 +1195,25 @@ def attention_prefill_cases():
         kname = f"attention_prefill_d{D}"
         shape = f"{name}: Hq={Hq} Hkv={Hkv} seqs={S}+{pad_s} tok={n_tok}+{pad_t} pages={max_pages}"
         P = (sum(pages_per) + 3) * pt * layers * 2 * Hkv * D
-        op = SingleOp(f"single-op {kname} {name}", "attention_prefill", kname, SIG["attention"],
-                      {"tokens": Tb, "seqs": Sb, "pages": max_pages},
-                      grid=[f"ceil(tokens/{BQ}) + seqs", Hkv, 1], block=[128, 1, 1])
-        op.buf("qkv", "bf16", ["tokens", (Hq + 2 * Hkv) * D], "input").buf("kv_pool", "bf16", [P], "input")
-        op.buf("block_tables", "i32", ["seqs", "pages"], "input").buf("seq_lens", "i32", ["seqs"], "input")
-        op.buf("query_start", "i32", ["seqs + 1"], "input").buf("out", "bf16", ["tokens + 1", Hq * D], "output")
-        op.bind(out=B("out"), q=B("qkv"), kv_base=B("kv_pool"), block_tables=B("block_tables"),
-                seq_lens=B("seq_lens"), query_start=B("query_start"), num_seqs=VAR("seqs"), num_tokens=VAR("tokens"),
-                max_pages=VAR("pages"), q_stride=I32((Hq + 2 * Hkv) * D), num_heads=I32(Hq), kv_heads=I32(Hkv),
-                layer=I32(layer), num_layers=I32(layers), page_tokens=I32(pt), scale=F32(D ** -0.5))
+        op = att_op(kname, "attention_prefill", name, Hq, Hkv, D, pt, layers, layer, Tb, Sb, max_pages, P,
+                    f"ceil(tokens/{BQ}) + seqs", window)
 
         def run(X, Hq=Hq, Hkv=Hkv, D=D, pt=pt, spec=spec, pad_t=pad_t, pad_s=pad_s, ci=ci, shape=shape,
-                kname=kname, op=op, sizes=(Sb, Tb, max_pages)):
+                kname=kname, op=op, sizes=(Sb, Tb, max_pages), window=window, P=P, BQ=BQ, name=name):
             vk = X.vk
             c = vk.build_attention_case(spec, Hq, Hkv, D, pt, layers, layer, pad_t, pad_s, seed=631 + ci)
             assert (c["Sb"], c["Tb"], c["max_pages"]) == sizes, ((c["Sb"], c["Tb"], c["max_pages"]), sizes)
-            out = X.kern(op, {"qkv": c["qkv"], "kv_pool": c["pool"], "block_tables": c["bt"],
-                              "seq_lens": c["seq_lens"], "query_start": c["qs"]}, ["out"])["out"]
-            ref, tbf = vk.attention_refs(c, Hq, Hkv, D, D ** -0.5)
+            out = att_run(X, op, c)
+            ref, tbf = vk.attention_refs(c, Hq, Hkv, D, D ** -0.5, window)
             n = c["n_tok"]
-            X.close(kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf, note="tensor cores, P as bf16 hi + lo, vs SDPA")
+            X.close(kname, shape, out[:n].view(n, Hq, D), ref, tbf=tbf,
+                    note="tensor cores, P as bf16 hi + lo, vs SDPA" + (f", window {window}" if window else ""))
             vk.check_rows_past(X.R, kname, shape, out, n, c["Tb"])
+            rerun = (lambda w: att_run(X, side_op(X, att_op(kname, "attention_prefill", f"{name} window {w}", Hq, Hkv, D,
+                                                             pt, layers, layer, sizes[1], sizes[0], sizes[2], P,
+                                                             f"ceil(tokens/{BQ}) + seqs", w), f"window{w}"), c,
+                                       tag=f"w{w}"))
+            vk.window_extra_checks(X.R, NOT_MOCK, kname, shape, out, c, Hq, Hkv, D, window, rerun)
         cases.append(Case("attention_prefill", kname, shape, op, run))
     return cases
 
@@ -1154,6 +1438,7 @@ def main_run(o, cases, root):
             continue
         print(f"\n--- [{i + 1}/{len(cases)}] {c.kernel}: {c.shape}", flush=True)
         d = case_dir(root, i, c)
+        X.case_dir = d  # a case writes any further manifest of its own beneath it (side_op)
         before = len(R.rows)
         t0 = time.time()
         try:
