@@ -227,6 +227,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 let r = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 let what = r.map_or_else(String::new, |r| format!(": {} of weights on {}, KV pool {} pages × {} tokens", kern_runtime::plan::human(r.weight_bytes), r.device_name, r.pages, r.page_tokens));
                 let spec = i.spec.as_ref().map_or_else(String::new, |sp| format!("; speculative decoding ({})", crate::spec::SpecArgs::describe(sp)));
+                let masks = if i.token_mask { "by the model's sampler (token_mask)" } else if i.model.logits { "on the host, from the logits" } else { "not at all (no token_mask, no logits)" };
+                eprintln!("kern serve: constrained outputs (response_format, tools) are masked {masks}");
                 eprintln!(
                     "kern serve: ready in {:.2} s{what}; max context {} tokens, {} sequences × {} tokens per step{spec}",
                     t0.elapsed().as_secs_f64(),

@@ -96,7 +96,8 @@ pub fn token_bytes(tok: &Tokenizer) -> Result<Vec<Vec<u8>>, String> {
     Ok(out)
 }
 
-/// GPT-2's byte-level alphabet: the character that stands for each byte.
+/// The byte-level BPE alphabet: the character that stands for each byte (printable bytes stand
+/// for themselves, the others for U+0100 on, in order).
 fn byte_level_chars() -> std::collections::HashMap<char, u8> {
     let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
     let mut m = std::collections::HashMap::with_capacity(256);
