@@ -7,6 +7,7 @@
 #   rope               rope.cu's qk_norm_rope (inv_freq table, cos_scale, adjacent pairs, Gemma's norm)
 #   rowwise-ref        rowwise.cu vs transformers-order references (Gemma3RMSNorm, GeGLU, scaled embedding)
 #   sampling           sampling.cu's sample_masked (the step ABI's token mask) vs sample with forbidden logits at -inf
+#   gemv-gguf          gemv_gguf.cu: GGUF GEMVs vs fp64, batch invariance; dequant_* vs gguf-py's bits
 # JOBS (default 2) emulations build and run at once; each one's output is printed whole, in this
 # order, with its time. Exit status 1 when any build or check fails.
 #   bash packs/kernels/verify/host_emu/run.sh
@@ -18,7 +19,7 @@ BIN="$(mktemp -d "${TMPDIR:-/tmp}/kern-host-emu.XXXXXX")"
 trap 'rm -rf "$BIN"' EXIT
 CXX=(g++ -std=c++20 -O2 -w -I "$HERE" -include "$HERE/emu.h" -x c++)
 
-NAMES=(attention-decode attention-prefill gemv-fused rope rowwise-ref sampling)
+NAMES=(attention-decode attention-prefill gemv-fused rope rowwise-ref sampling gemv-gguf)
 sources() {
     case "$1" in
         attention-decode) echo "attention_decode_emu.cpp attention_emu.cpp" ;;
@@ -27,6 +28,7 @@ sources() {
         rope) echo "rope_emu.cpp" ;;
         rowwise-ref) echo "rowwise_ref_emu.cpp" ;;
         sampling) echo "sampling_emu.cpp" ;;
+        gemv-gguf) echo "gemv_gguf_emu.cpp" ;;
     esac
 }
 
