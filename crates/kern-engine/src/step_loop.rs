@@ -587,6 +587,11 @@ fn compute_masks(live: &mut HashMap<SeqId, Live>, pool: &MaskPool, metrics: &cra
     let t0 = Instant::now();
     let mut by_seq: HashMap<SeqId, (usize, Vec<u32>)> = groups.into_iter().map(|(r, d)| (step.seqs[r].id, (r, d))).collect();
     let mut seqs: Vec<(usize, Vec<u32>, &mut SeqConstraint)> = live.iter_mut().filter_map(|(id, lv)| by_seq.remove(id).map(|(r, d)| (r, d, lv.constraint.as_mut().expect("constrained")))).collect();
+    // Prefetched masks are awaited here, on the engine thread: the parallel part below only
+    // computes (verify rows, masks never prefetched), it never waits for the pool's own jobs.
+    for (_, _, c) in seqs.iter_mut() {
+        c.wait_prefetch();
+    }
     let results: Vec<(usize, Result<Vec<Option<Vec<u32>>>, String>)> = pool.install(|| {
         seqs.par_iter_mut()
             .map(|(r, drafts, c)| {

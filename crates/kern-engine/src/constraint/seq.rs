@@ -103,6 +103,13 @@ impl SeqConstraint {
         }
     }
 
+    /// Waits for a prefetched mask on the calling thread. Called outside the mask threads
+    /// before masks are gathered on them: a mask thread blocked on a job queued behind it on the
+    /// same pool could wait forever.
+    pub fn wait_prefetch(&mut self) {
+        let _ = self.settle();
+    }
+
     /// Waits for the computing mask (if any) and hands the matcher back.
     fn settle(&mut self) -> Result<(), String> {
         if let Slot::Computing(rx) = &self.slot {
