@@ -38,6 +38,7 @@
 //! granules that hold W's bytes (never a byte on another page). dequant_*: grid
 //! [ceil(N*K/2048), 1, 1], block [256, 1, 1]; dst 16-byte aligned, K % 8 == 0 (any K that is
 //! a multiple of the block size). Documentation: KERNELS.md, "GGUF-native GEMVs and dequantization".
+#include "common.cuh"  // KERN_SMEM
 #include "gemm_common.cuh"
 #include "gguf_blocks.cuh"
 
@@ -47,9 +48,7 @@ namespace {
 
 typedef __nv_bfloat16 bf16;
 
-constexpr int kWarps = 4;   // warps per CTA (they split K)
-constexpr int kRows = 16;   // W rows per CTA (the MMA's m16)
-constexpr int kStages = 3;  // shared-memory ring depth per warp (units in flight + the one computed)
+constexpr int kRows = 16;  // W rows per CTA (the MMA's m16)
 
 constexpr uint32_t kOne2 = 0x3F803F80u;  // bf16x2 (1, 1)
 
@@ -58,6 +57,17 @@ __device__ __forceinline__ uint32_t lds16(const uint8_t* sm, int off) { return *
 __device__ __forceinline__ uint32_t lds32(const uint8_t* sm, int off) { return *reinterpret_cast<const uint32_t*>(sm + off); }
 __device__ __forceinline__ uint2 lds64(const uint8_t* sm, int off) { return *reinterpret_cast<const uint2*>(sm + off); }
 __device__ __forceinline__ uint4 lds128(const uint8_t* sm, int off) { return *reinterpret_cast<const uint4*>(sm + off); }
+// Activations: plain read-only loads (ld.global.nc), which the compiler may schedule freely inside
+// a unit (griddepcontrol.wait, a memory clobber, keeps them after the producer). A token >= M
+// reads row 0 of x (callers pass that pointer; always valid) and gets zeros.
+__device__ __forceinline__ uint4 ldx16(const bf16* p, bool ok) {
+  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+  return ok ? v : make_uint4(0u, 0u, 0u, 0u);
+}
+__device__ __forceinline__ uint2 ldx8(const bf16* p, bool ok) {
+  const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+  return ok ? v : make_uint2(0u, 0u);
+}
 // 4 bytes at a 2-byte aligned offset: two aligned words and a funnel shift (0 or 16 bits).
 __device__ __forceinline__ uint32_t lds32u(const uint8_t* sm, int off) {
   const uint32_t* w = reinterpret_cast<const uint32_t*>(sm + (off & ~3));
@@ -171,7 +181,7 @@ struct GK45 {
     sfor<0, 8>([&](auto jc) {
       constexpr int j = decltype(jc)::value, c = j / 2, sh = 4 * (j % 2);
       const uint2 qA = lds64(sm, oA + QS + 32 * c + 8 * t), qB = lds64(sm, oB + QS + 32 * c + 8 * t);
-      const uint4 xv = kgemm::ld_cached_16(xr + 32 * j + 8 * t, xok);
+      const uint4 xv = ldx16(xr + 32 * j + 8 * t, xok);
       uint32_t vA0 = (qA.x >> sh) & 0x0F0F0F0Fu, vA1 = (qA.y >> sh) & 0x0F0F0F0Fu;
       uint32_t vB0 = (qB.x >> sh) & 0x0F0F0F0Fu, vB1 = (qB.y >> sh) & 0x0F0F0F0Fu;
       if constexpr (Q5) {
@@ -233,7 +243,7 @@ struct GQ6_K {
       const uint32_t qB = lds32u(sm, oB + 128 + 32 * n + 16 * h + 4 * t);
       sfor<0, 4>([&](auto tqc) {
         constexpr int tq = decltype(tqc)::value, j = 8 * n + 2 * tq + h;
-        const uint2 xv = kgguf::ldx8(xr + 16 * j + 4 * t, xok);
+        const uint2 xv = ldx8(xr + 16 * j + 4 * t, xok);
         uint32_t a0, a1, a2, a3;
         cvt4<32>(q6<tq>(w0A, w1A, qA), a0, a2);
         cvt4<32>(q6<tq>(w0B, w1B, qB), a1, a3);
@@ -270,7 +280,7 @@ struct GQ2_K {
       const uint32_t wA = lds32(sm, oA + 16 + 32 * n + 16 * h + 4 * t), wB = lds32(sm, oB + 16 + 32 * n + 16 * h + 4 * t);
       sfor<0, 4>([&](auto sc_) {
         constexpr int s = decltype(sc_)::value, j = 8 * n + 2 * s + h;
-        const uint2 xv = kgguf::ldx8(xr + 16 * j + 4 * t, xok);
+        const uint2 xv = ldx8(xr + 16 * j + 4 * t, xok);
         uint32_t a0, a1, a2, a3;
         cvt4<0>((wA >> (2 * s)) & 0x03030303u, a0, a2);
         cvt4<0>((wB >> (2 * s)) & 0x03030303u, a1, a3);
@@ -311,7 +321,7 @@ struct GQ3_K {
       const uint32_t mA = lds32u(sm, oA + 16 * h + 4 * t), mB = lds32u(sm, oB + 16 * h + 4 * t);
       sfor<0, 4>([&](auto sc_) {
         constexpr int s = decltype(sc_)::value, j = 8 * n + 2 * s + h;
-        const uint2 xv = kgguf::ldx8(xr + 16 * j + 4 * t, xok);
+        const uint2 xv = ldx8(xr + 16 * j + 4 * t, xok);
         uint32_t a0, a1, a2, a3;  // q + 4 = bits + 4·hmask bit (0..7)
         cvt4<4>(((wA >> (2 * s)) & 0x03030303u) | (((mA >> (4 * n + s)) & 0x01010101u) << 2), a0, a2);
         cvt4<4>(((wB >> (2 * s)) & 0x03030303u) | (((mB >> (4 * n + s)) & 0x01010101u) << 2), a1, a3);
@@ -339,7 +349,7 @@ struct GQ8_0 {
     for (int b = 0; b < 4; ++b) {
       if (b < nb) {  // warp-uniform
         const int pa = oA + 34 * b, pb = oB + 34 * b;
-        const uint4 xv = kgemm::ld_cached_16(xr + 32 * b + 8 * t, xok);
+        const uint4 xv = ldx16(xr + 32 * b + 8 * t, xok);
         uint32_t a0, a1, a2, a3, b0, b1, b2, b3;
         cvt_i8x4(lds32u(sm, pa + 2 + 8 * t), a0, a2);
         cvt_i8x4(lds32u(sm, pb + 2 + 8 * t), a1, a3);
@@ -370,7 +380,7 @@ struct G32 {
     for (int b = 0; b < 4; ++b) {
       if (b < nb) {  // warp-uniform
         const int pa = oA + BB * b, pb = oB + BB * b;
-        const uint2 x0 = kgguf::ldx8(xr + 32 * b + 4 * t, xok), x1 = kgguf::ldx8(xr + 32 * b + 16 + 4 * t, xok);
+        const uint2 x0 = ldx8(xr + 32 * b + 4 * t, xok), x1 = ldx8(xr + 32 * b + 16 + 4 * t, xok);
         const uint32_t wA = ld(sm, pa + QS + 4 * t), wB = ld(sm, pb + QS + 4 * t);
         uint32_t loA = wA & 0x0F0F0F0Fu, hiA = (wA >> 4) & 0x0F0F0F0Fu;
         uint32_t loB = wB & 0x0F0F0F0Fu, hiB = (wB >> 4) & 0x0F0F0F0Fu;
@@ -409,54 +419,60 @@ typedef G32<true, false> GQ5_0;
 typedef G32<true, true> GQ5_1;
 
 // ------------------------------------------------------------------ the GEMV
-template <class T>
+template <class T, int WARPS, int NST>
 struct Geo {
-  static constexpr int UBLK = T::UE / T::BE;                  // blocks per unit
-  static constexpr int UB = UBLK * T::BB;                     // bytes per (full) unit
-  static constexpr int P0 = (16 - T::ALIGN + UB + 15) / 16;   // granules covering a unit at the worst offset
-  static constexpr int PIECES = P0 | 1;                       // odd: the 8 rows of a load phase hit distinct banks
-  static constexpr int SROW = 16 * PIECES;                    // bytes per row in a stage
+  static constexpr int UBLK = T::UE / T::BE;                 // blocks per unit
+  static constexpr int UB = UBLK * T::BB;                    // bytes per (full) unit
+  static constexpr int P0 = (16 - T::ALIGN + UB + 15) / 16;  // granules covering a unit at the worst offset
+  static constexpr int PIECES = P0 | 1;                      // odd: the 8 rows of a load phase hit distinct banks
+  static constexpr int SROW = 16 * PIECES;                   // bytes per row in a stage
   static constexpr int STAGE = kRows * SROW;
-  static constexpr int SMEM = kWarps * kStages * STAGE + 16;  // + 16: lds32u may read one word past a row
-  static_assert(SMEM <= 48 * 1024, "static shared memory");
-  static_assert(kStages * STAGE >= 4 * 32 * 4, "a warp's stages hold its reduction slice");
+  static constexpr int RING = NST * STAGE;                   // one warp's ring
+  static constexpr int SMEM = WARPS * RING + 16;             // + 16: lds32u may read one word past a row
+  static_assert(RING >= 4 * 32 * 4, "a warp's ring holds its reduction slice");
+};
+template <int BYTES>
+struct SmemBytes {
+  uint8_t b[BYTES];
 };
 
-template <class T, typename OutT>
+template <class T, int WARPS, int NST, typename OutT>
 __device__ __forceinline__ void gemv_gguf(const bf16* __restrict__ x, const uint8_t* __restrict__ W,
                                           const bf16* __restrict__ bias, OutT* __restrict__ y, int M, int N, int K,
                                           int ldy, int col0) {
-  typedef Geo<T> G;
-  __shared__ __align__(16) uint8_t sm[G::SMEM];
+  typedef Geo<T, WARPS, NST> G;
+  KERN_SMEM(SmemBytes<G::SMEM>, smem_);  // static when it fits 48 KB, else the launch's dynamic shared memory
+  uint8_t* const sm = smem_.b;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.x * kRows;
-  const int nblk = K / T::BE;                            // blocks per row
+  const int nblk = K / T::BE;                                    // blocks per row
   const long long rowB = static_cast<long long>(nblk) * T::BB;  // bytes per row
-  const int nU = (nblk + G::UBLK - 1) / G::UBLK;         // units per row
-  const int wbase = warp * kStages * G::STAGE;           // this warp's ring
+  const int nU = (nblk + G::UBLK - 1) / G::UBLK;                 // units per row
+  const int ring = warp * G::RING;                               // this warp's ring
 
-  // First byte of unit u of row r; its offset in stage st of this warp.
-  auto src = [&](int r, int u) { return W + static_cast<long long>(n0 + r) * rowB + static_cast<long long>(u) * G::UB; };
-  auto soff = [&](int r, int u, int st) {
-    return wbase + st * G::STAGE + r * G::SROW + static_cast<int>(reinterpret_cast<uintptr_t>(src(r, u)) & 15);
+  // The copies: lanes 2r, 2r+1 take row r's granules (even / odd), so one copy instruction moves
+  // 32 contiguous bytes of each of the 16 rows.
+  const int cr = lane >> 1, ci = lane & 1;
+  const bool crow_ok = n0 + cr < N;
+  const uint8_t* const crow = W + static_cast<long long>(crow_ok ? n0 + cr : 0) * rowB;
+  auto issue = [&](int u, int st) {  // unit u of the 16 rows (those < N) into stage st
+    if (!crow_ok) return;
+    const uint8_t* s = crow + static_cast<long long>(u) * G::UB;
+    const uint8_t* e = s + min(G::UBLK, nblk - u * G::UBLK) * T::BB;
+    const uint8_t* a = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(s) & ~static_cast<uintptr_t>(15));
+    uint8_t* d = sm + ring + st * G::STAGE + cr * G::SROW;
+#pragma unroll
+    for (int i = ci; i < G::PIECES; i += 2)
+      if (a + 16 * i < e) kgguf::cp16(d + 16 * i, a + 16 * i);
   };
-  // Copy unit u of the 16 rows (those < N) into stage st: the 16-byte granules covering each.
-  auto issue = [&](int u, int st) {
-    const int len = min(G::UBLK, nblk - u * G::UBLK) * T::BB;
-    for (int p = lane; p < kRows * G::PIECES; p += 32) {
-      const int r = p / G::PIECES, i = p - r * G::PIECES;
-      if (n0 + r < N) {
-        const uint8_t* s = src(r, u);
-        const uint8_t* a = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(s) & ~static_cast<uintptr_t>(15));
-        if (a + 16 * i < s + len) kgguf::cp16(sm + wbase + st * G::STAGE + r * G::SROW + 16 * i, a + 16 * i);
-      }
-    }
-  };
+  // Where rows g and g + 8 of unit u start in stage st: their byte offset mod 16 is kept.
+  const int offA = static_cast<int>(reinterpret_cast<uintptr_t>(W + static_cast<long long>(n0 + g) * rowB) & 15);
+  const int offB = static_cast<int>(reinterpret_cast<uintptr_t>(W + static_cast<long long>(n0 + g + 8) * rowB) & 15);
 
   for (int m0 = 0; m0 < M; m0 += 8) {
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      const int u = warp + s * kWarps;
+    for (int s = 0; s < NST - 1; ++s) {
+      const int u = warp + s * WARPS;
       if (u < nU) issue(u, s);
       kgguf::cp_commit();
     }
@@ -466,31 +482,31 @@ __device__ __forceinline__ void gemv_gguf(const bf16* __restrict__ x, const uint
     const bf16* xrow = x + static_cast<long long>(xok ? tok : 0) * K;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int i = 0;; ++i) {
-      const int u = warp + i * kWarps;
+      const int u = warp + i * WARPS;
       if (u >= nU) break;
-      const int un = u + (kStages - 1) * kWarps;
-      if (un < nU) issue(un, (i + kStages - 1) % kStages);
+      const int un = u + (NST - 1) * WARPS;
+      if (un < nU) issue(un, (i + NST - 1) % NST);
       kgguf::cp_commit();
-      kgguf::cp_wait<kStages - 1>();  // unit u has landed (this lane's copies) ...
-      __syncwarp();                   // ... and every lane's
-      const int st = i % kStages;
-      T::unit(acc, sm, soff(g, u, st), soff(g + 8, u, st), min(G::UBLK, nblk - u * G::UBLK),
-              xrow + static_cast<long long>(u) * T::UE, xok, t);
+      kgguf::cp_wait<NST - 1>();  // unit u has landed (this lane's copies) ...
+      __syncwarp();               // ... and every lane's
+      const int st = ring + (i % NST) * G::STAGE, uo = u * G::UB;
+      T::unit(acc, sm, st + g * G::SROW + ((offA + uo) & 15), st + (g + 8) * G::SROW + ((offB + uo) & 15),
+              min(G::UBLK, nblk - u * G::UBLK), xrow + static_cast<long long>(u) * T::UE, xok, t);
       __syncwarp();  // the stage is read before it is refilled
     }
     if (m0 + 8 >= M) kgemm::pdl_launch_dependents();
 
     // Cross-warp reduction: warp w's partials (acc[i] of lane l at i·32 + l) in the first 2 KB of
-    // its own ring (its copies are all complete), then the CTA adds warps 0..3 in order.
-    float* mine = reinterpret_cast<float*>(sm + wbase);
+    // its own ring (its copies are all complete), then the CTA adds warps 0 .. WARPS-1 in order.
+    float* mine = reinterpret_cast<float*>(sm + ring);
 #pragma unroll
     for (int i = 0; i < 4; ++i) mine[i * 32 + lane] = acc[i];
     __syncthreads();
-    {
-      const int idx = threadIdx.x, i = idx >> 5, ln = idx & 31;  // 128 threads = 4 values × 32 lanes
+    if (threadIdx.x < 128) {
+      const int idx = threadIdx.x, i = idx >> 5, ln = idx & 31;  // 4 values × 32 lanes
       float s = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) s += reinterpret_cast<const float*>(sm + w * kStages * G::STAGE)[idx];
+      for (int w = 0; w < WARPS; ++w) s += reinterpret_cast<const float*>(sm + w * G::RING)[idx];
       const int row = n0 + (ln >> 2) + ((i & 2) ? 8 : 0);
       const int tk = m0 + 2 * (ln & 3) + (i & 1);
       if (row < N && tk < M) kgemm::store1(y, static_cast<long long>(tk) * ldy + col0 + row, s + kgemm::bias_at(bias, row));
@@ -526,22 +542,26 @@ __device__ __forceinline__ void dequant_bf16(const uint8_t* __restrict__ W, bf16
 }  // namespace
 
 // ------------------------------------------------------------------ entries
-// gemv_<t>(x, W, bias, y, M, N, K, ldy, col0): grid [ceil(N/16)], block [128], shared 0.
+// gemv_<t>[_f32out](x, W, bias, y, M, N, K, ldy, col0): 4 warps, grid [ceil(N/16)], block [128],
+//   shared 0 (static, <= 46 KB).
+// gemv_<t>_w8[_f32out](same): 8 warps split K (twice the warps per 16 rows: for narrow N, where
+//   ceil(N/16) CTAs do not fill the GPU), grid [ceil(N/16)], block [256], shared = the dynamic
+//   bytes KERNELS.md lists (0 where the ring fits 48 KB statically). Other bits than gemv_<t>.
 // dequant_<t>_bf16(W, dst, N, K, row0): grid [ceil(N*K/2048)], block [256], shared 0.
-#define KGGUF_ENTRIES(NAME, G, D)                                                                           \
-  extern "C" __global__ void __launch_bounds__(128, 4)                                                      \
-      gemv_##NAME(const __nv_bfloat16* x, const unsigned char* W, const __nv_bfloat16* bias, __nv_bfloat16* y, \
-                  int M, int N, int K, int ldy, int col0) {                                                 \
-    gemv_gguf<G, __nv_bfloat16>(x, W, bias, y, M, N, K, ldy, col0);                                         \
-  }                                                                                                         \
-  extern "C" __global__ void __launch_bounds__(128, 4)                                                      \
-      gemv_##NAME##_f32out(const __nv_bfloat16* x, const unsigned char* W, const __nv_bfloat16* bias, float* y, \
-                           int M, int N, int K, int ldy, int col0) {                                        \
-    gemv_gguf<G, float>(x, W, bias, y, M, N, K, ldy, col0);                                                 \
-  }                                                                                                         \
-  extern "C" __global__ void __launch_bounds__(256)                                                         \
-      dequant_##NAME##_bf16(const unsigned char* W, __nv_bfloat16* dst, int N, int K, int row0) {           \
-    dequant_bf16<kgguf::D>(W, dst, N, K, row0);                                                             \
+#define KGGUF_GEMV(NAME, G, WARPS, MINB, OUT)                                                                 \
+  extern "C" __global__ void __launch_bounds__(32 * WARPS, MINB)                                              \
+      NAME(const __nv_bfloat16* x, const unsigned char* W, const __nv_bfloat16* bias, OUT* y, int M, int N, int K, \
+           int ldy, int col0) {                                                                               \
+    gemv_gguf<G, WARPS, 3, OUT>(x, W, bias, y, M, N, K, ldy, col0);                                           \
+  }
+#define KGGUF_ENTRIES(NAME, G, D)                                                                   \
+  KGGUF_GEMV(gemv_##NAME, G, 4, 4, __nv_bfloat16)                                                   \
+  KGGUF_GEMV(gemv_##NAME##_f32out, G, 4, 4, float)                                                  \
+  KGGUF_GEMV(gemv_##NAME##_w8, G, 8, 2, __nv_bfloat16)                                              \
+  KGGUF_GEMV(gemv_##NAME##_w8_f32out, G, 8, 2, float)                                               \
+  extern "C" __global__ void __launch_bounds__(256)                                                 \
+      dequant_##NAME##_bf16(const unsigned char* W, __nv_bfloat16* dst, int N, int K, int row0) {   \
+    dequant_bf16<kgguf::D>(W, dst, N, K, row0);                                                     \
   }
 
 KGGUF_ENTRIES(q4_0, GQ4_0, DqQ4_0)

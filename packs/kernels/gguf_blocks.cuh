@@ -54,31 +54,16 @@ __device__ __forceinline__ float h2f(uint32_t h) {
 __device__ __forceinline__ float fmul(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ float fadd(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ float fsub(float a, float b) { return __fsub_rn(a, b); }
-// 16-byte global → shared copy (cp.async.cg: L2 only, the weights are read once).
+// 16-byte global → shared copy (cp.async.cg: L2 only, the weights are read once; L2 fetches
+// 256-byte granules, as gemm_skinny's weight loads ask).
 __device__ __forceinline__ void cp16(void* smem, const void* gmem) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// 8 bytes of activations (read-only cached path), zeros when !pred. Volatile + "memory" like
-// gemm_common.cuh's ld_cached_16: it must stay after griddepcontrol.wait.
-__device__ __forceinline__ uint2 ldx8(const void* p, bool pred) {
-  uint2 v;
-  asm volatile(
-      "{\n"
-      " .reg .pred p;\n"
-      " setp.ne.b32 p, %3, 0;\n"
-      " mov.b32 %0, 0;\n mov.b32 %1, 0;\n"
-      " @p ld.global.nc.v2.u32 {%0, %1}, [%2];\n"
-      "}\n"
-      : "=r"(v.x), "=r"(v.y)
-      : "l"(p), "r"(static_cast<int>(pred))
-      : "memory");
-  return v;
 }
 #else
 #include "gguf_emu.h"

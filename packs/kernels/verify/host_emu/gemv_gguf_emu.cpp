@@ -9,7 +9,7 @@
 //                  written at a row offset (guard rows untouched). Missing data is SKIPPED, or a
 //                  FAILURE with KERN_REQUIRE_TEST_DATA=1 (scripts/test.sh sets it).
 //   dequant        random blocks with finite scales: dequant_<t>_bf16 == bf16(reference).
-//   gemv           random blocks and bf16 x: f32out within (K/16 + 16)·2^-22 of Σ|x|·(|d·sc·q| + |min|)
+//   gemv           both families (gemv_<t>: 4 warps; gemv_<t>_w8: 8 warps), random blocks and bf16 x: f32out within (K/16 + 16)·2^-22 of Σ|x|·(|d·sc·q| + |min|)
 //                  of an fp64 reference (+ bias); the bf16 entry equals bf16(f32out) bit for bit;
 //                  batch invariance (a row's bits for M = 1, 3, 8 and the second pass of M = 11 are
 //                  the same); ldy / col0 (three types into one fused row buffer, like a Q4_K_M qkv);
@@ -50,17 +50,14 @@ typedef void (*GemvBf16)(const __nv_bfloat16*, const unsigned char*, const __nv_
 typedef void (*GemvF32)(const __nv_bfloat16*, const unsigned char*, const __nv_bfloat16*, float*, int, int, int, int, int);
 typedef void (*Dequant)(const unsigned char*, __nv_bfloat16*, int, int, int);
 struct Entries {
-  GemvBf16 gemv;
-  GemvF32 gemv_f32;
+  GemvBf16 gemv, gemv_w8;
+  GemvF32 gemv_f32, gemv_w8_f32;
   Dequant deq;
 };
-const std::map<std::string, Entries> ENTRY = {
-    {"q4_0", {gemv_q4_0, gemv_q4_0_f32out, dequant_q4_0_bf16}}, {"q4_1", {gemv_q4_1, gemv_q4_1_f32out, dequant_q4_1_bf16}},
-    {"q5_0", {gemv_q5_0, gemv_q5_0_f32out, dequant_q5_0_bf16}}, {"q5_1", {gemv_q5_1, gemv_q5_1_f32out, dequant_q5_1_bf16}},
-    {"q8_0", {gemv_q8_0, gemv_q8_0_f32out, dequant_q8_0_bf16}}, {"q2_k", {gemv_q2_k, gemv_q2_k_f32out, dequant_q2_k_bf16}},
-    {"q3_k", {gemv_q3_k, gemv_q3_k_f32out, dequant_q3_k_bf16}}, {"q4_k", {gemv_q4_k, gemv_q4_k_f32out, dequant_q4_k_bf16}},
-    {"q5_k", {gemv_q5_k, gemv_q5_k_f32out, dequant_q5_k_bf16}}, {"q6_k", {gemv_q6_k, gemv_q6_k_f32out, dequant_q6_k_bf16}},
-};
+#define KGGUF_E(t) {#t, {gemv_##t, gemv_##t##_w8, gemv_##t##_f32out, gemv_##t##_w8_f32out, dequant_##t##_bf16}}
+const std::map<std::string, Entries> ENTRY = {KGGUF_E(q4_0), KGGUF_E(q4_1), KGGUF_E(q5_0), KGGUF_E(q5_1), KGGUF_E(q8_0),
+                                              KGGUF_E(q2_k), KGGUF_E(q3_k), KGGUF_E(q4_k), KGGUF_E(q5_k), KGGUF_E(q6_k)};
+int g_warps = 4;  // the family the GEMV cases launch: gemv_<t> (4 warps) or gemv_<t>_w8 (8)
 
 // ------------------------------------------------------------------ reference (gguf-py quants.py)
 uint32_t fbits(float f) {
@@ -455,8 +452,10 @@ void launch(const Mat& A, const Buf<uint16_t>& x, const Buf<uint16_t>* bias, int
   const auto* xp = reinterpret_cast<const __nv_bfloat16*>(x.p);
   const auto* bp = bias ? reinterpret_cast<const __nv_bfloat16*>(bias->p) : nullptr;
   const uint3_ grid{(unsigned)((A.N + 15) / 16), 1, 1};
-  if (yb) emu_launch(grid, 128, [&] { e.gemv(xp, A.W.p, bp, reinterpret_cast<__nv_bfloat16*>(yb->p), M, A.N, A.K, ldy, col0); });
-  if (yf) emu_launch(grid, 128, [&] { e.gemv_f32(xp, A.W.p, bp, yf->p, M, A.N, A.K, ldy, col0); });
+  const GemvBf16 fb = g_warps == 8 ? e.gemv_w8 : e.gemv;
+  const GemvF32 ff = g_warps == 8 ? e.gemv_w8_f32 : e.gemv_f32;
+  if (yb) emu_launch(grid, 32 * g_warps, [&] { fb(xp, A.W.p, bp, reinterpret_cast<__nv_bfloat16*>(yb->p), M, A.N, A.K, ldy, col0); });
+  if (yf) emu_launch(grid, 32 * g_warps, [&] { ff(xp, A.W.p, bp, yf->p, M, A.N, A.K, ldy, col0); });
 }
 
 double worst_ratio = 0.0;
@@ -530,7 +529,7 @@ void case_gemv(const TypeInfo& ty, int N, int K, bool with_bias) {
         rows_f[M].push_back(fbits(yf[(size_t)m * ldy + col0 + n]));
       }
   }
-  report(why.empty(), fmt("gemv_%s (+_f32out) N=%d K=%d%s M=1,3,8,11 ldy=%d col0=%d vs fp64%s%s", ty.kern, N, K, with_bias ? " +bias" : "",
+  report(why.empty(), fmt("gemv_%s%s (+_f32out) N=%d K=%d%s M=1,3,8,11 ldy=%d col0=%d vs fp64%s%s", ty.kern, g_warps == 8 ? "_w8" : "", N, K, with_bias ? " +bias" : "",
                           ldy, col0, why.empty() ? "" : ": ", why.c_str()));
   // Batch invariance: the first rows of every M agree; rows 8..10 of M = 11 (second pass) equal
   // an M = 3 launch on those x rows; a row alone (M = 1) equals its place in M = 8.
@@ -555,7 +554,8 @@ void case_gemv(const TypeInfo& ty, int N, int K, bool with_bias) {
     launch(A, x1, bp, 1, N, 0, &yb1, &yf1);
     for (int n = 0; n < N; ++n) same &= yb1[n] == rows_b[8][(size_t)5 * N + n] && fbits(yf1[n]) == rows_f[8][(size_t)5 * N + n];
   }
-  report(same, fmt("gemv_%s N=%d K=%d batch invariance: row bits equal for M = 1, 3, 8, 11 (second pass) and alone", ty.kern, N, K));
+  report(same, fmt("gemv_%s%s N=%d K=%d batch invariance: row bits equal for M = 1, 3, 8, 11 (second pass) and alone", ty.kern,
+                   g_warps == 8 ? "_w8" : "", N, K));
 }
 
 // A Q4_K_M-style fused qkv row buffer: q (Q4_K), k (Q4_K), v (Q6_K) into one [M, Nq + Nk + Nv]
@@ -579,7 +579,7 @@ void case_fused(const char* tq, const char* tv, int Nq, int Nkv, int K) {
   if (why.empty()) why = check_gemv(k, *x, nullptr, M, ldy, Nq, yb, yf);
   if (why.empty()) why = check_gemv(v, *x, nullptr, M, ldy, Nq + Nkv, yb, yf);
   if (why.empty() && !untouched_outside(yb, yf, M + 1, ldy, M, 0, ldy)) why = "the guard row was written";
-  report(why.empty(), fmt("fused qkv row buffer: q %s [%d], k %s [%d], v %s [%d], K=%d, M=%d (ldy %d, col0 0/%d/%d)%s%s", tq, Nq, tq, Nkv, tv,
+  report(why.empty(), fmt("fused qkv row buffer (%d warps): q %s [%d], k %s [%d], v %s [%d], K=%d, M=%d (ldy %d, col0 0/%d/%d)%s%s", g_warps, tq, Nq, tq, Nkv, tv,
                           Nkv, K, M, ldy, Nq, Nq + Nkv, why.empty() ? "" : ": ", why.c_str()));
 }
 
@@ -599,17 +599,21 @@ int main() {
   // GEMVs. K: 5 units (warp 0 takes two: the ring), 13+ units (every stage of the ring reused),
   // a partial last unit for the 32-element types (K % 128 != 0; 23 blocks = rows 2 mod 4 apart
   // for the 2-byte-aligned types); Q6_K with an odd number of super-blocks (rows 2 mod 4 apart).
-  for (const TypeInfo& ty : TYPES) {
-    if (ty.be == 32) {
-      case_gemv(ty, 40, 32 * 23, true);
-      case_gemv(ty, 16, 128 * 13 + 64, false);
-    } else {
-      case_gemv(ty, 40, 256 * 5, true);
-      case_gemv(ty, 9, 256 * 13, false);
+  // The 8-warp family: K of 9 and 25+ units (warps 0 .. 7 each with two or more).
+  for (int warps : {4, 8}) {
+    g_warps = warps;
+    for (const TypeInfo& ty : TYPES) {
+      if (ty.be == 32) {
+        case_gemv(ty, 40, 32 * 23 + (warps == 8 ? 128 * 4 : 0), true);
+        case_gemv(ty, 16, 128 * (warps == 8 ? 25 : 13) + 64, false);
+      } else {
+        case_gemv(ty, 40, 256 * (warps == 8 ? 9 : 5), true);
+        case_gemv(ty, 9, 256 * (warps == 8 ? 25 : 13), false);
+      }
     }
+    case_fused("Q4_K", "Q6_K", 64, 24, 512);
+    case_fused("Q5_0", "Q8_0", 32, 16, 896);
   }
-  case_fused("Q4_K", "Q6_K", 64, 24, 512);
-  case_fused("Q5_0", "Q8_0", 32, 16, 896);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("gemv-gguf: %d passed, %d failed, %d skipped (worst GEMV error / tolerance %.3g) in %.1f s\n", passes, fails, skips,
               worst_ratio, secs);

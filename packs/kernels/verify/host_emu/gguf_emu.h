@@ -8,7 +8,6 @@
 //   h2f         cvt.f32.f16: the exact widening (the GPU's NaN bits may differ; the GEMVs never
 //               see a NaN scale in the checks)
 //   cp16 / cp_commit / cp_wait   cp.async as a synchronous 16-byte copy
-//   ldx8        8-byte activation load (zeros when !pred)
 inline float u2f(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
@@ -52,8 +51,3 @@ inline void cp16(void* smem, const void* gmem) { std::memcpy(smem, gmem, 16); }
 inline void cp_commit() {}
 template <int N>
 inline void cp_wait() {}
-inline uint2 ldx8(const void* p, bool pred) {
-  uint2 v{0, 0};
-  if (pred) std::memcpy(&v, p, 8);
-  return v;
-}
