@@ -361,7 +361,7 @@ impl<'t> Loop<'t> {
         let on_host = !host_groups.is_empty();
         let want_logits = on_host || step.seqs.iter().any(|ss| ss.samples && self.live.get(&ss.id).is_some_and(|lv| lv.host_sample || lv.req.logprobs.is_some() || lv.req.return_logits));
         // Host masking: the masks are computed (or their threads waited for) while the GPU runs.
-        let mut host: Option<(Option<TokenMask>, Vec<(SeqId, String)>)> = None;
+        let mut host: Option<Masks> = None;
         let out = {
             let (live, pool, metrics, vocab) = (&mut self.live, &self.masks, &self.inner.metrics, self.mask_vocab);
             let mut overlap = || {
@@ -560,6 +560,12 @@ impl<'t> Loop<'t> {
     }
 }
 
+/// A step's masks and the sequences whose grammar failed (with the reason).
+type Masks = (Option<TokenMask>, Vec<(SeqId, String)>);
+
+/// One sequence's rows: its first row, and each row's mask (None: free) or why it failed.
+type RowMasks = (usize, Result<Vec<Option<Vec<u32>>>, String>);
+
 /// Rows of the step whose sequence samples under an active constraint: (first row, the
 /// drafts of its verify rows after it).
 fn constrained_rows(live: &HashMap<SeqId, Live>, step: &Step) -> Vec<(usize, Vec<u32>)> {
@@ -582,7 +588,7 @@ fn constrained_rows(live: &HashMap<SeqId, Live>, step: &Step) -> Vec<(usize, Vec
 
 /// The masks of `groups`' rows, each sequence's on a mask thread (a verify group's rows one
 /// after another); the sequences whose grammar failed, with the reason.
-fn compute_masks(live: &mut HashMap<SeqId, Live>, pool: &MaskPool, metrics: &crate::metrics::Metrics, step: &Step, groups: Vec<(usize, Vec<u32>)>, vocab: usize) -> (Option<TokenMask>, Vec<(SeqId, String)>) {
+fn compute_masks(live: &mut HashMap<SeqId, Live>, pool: &MaskPool, metrics: &crate::metrics::Metrics, step: &Step, groups: Vec<(usize, Vec<u32>)>, vocab: usize) -> Masks {
     use rayon::prelude::*;
     let t0 = Instant::now();
     let mut by_seq: HashMap<SeqId, (usize, Vec<u32>)> = groups.into_iter().map(|(r, d)| (step.seqs[r].id, (r, d))).collect();
@@ -592,7 +598,7 @@ fn compute_masks(live: &mut HashMap<SeqId, Live>, pool: &MaskPool, metrics: &cra
     for (_, _, c) in seqs.iter_mut() {
         c.wait_prefetch();
     }
-    let results: Vec<(usize, Result<Vec<Option<Vec<u32>>>, String>)> = pool.install(|| {
+    let results: Vec<RowMasks> = pool.install(|| {
         seqs.par_iter_mut()
             .map(|(r, drafts, c)| {
                 let rows = c.mask().map(|m| m.map(<[u32]>::to_vec)).and_then(|first| {

@@ -168,7 +168,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
         record_steps: false,
         mask_threads: args.mask_threads,
         grammar_limits: kern_engine::constraint::GrammarLimits { timeout: Duration::from_secs_f64(args.grammar_timeout.max(0.1)), ..Default::default() },
-        ..Default::default()
     };
     let tool_format: Option<Arc<dyn kern_server::tools::ToolFormat>> = match args.tool_call_parser.as_str() {
         "auto" => kern_server::tools::detect(&template_src).map(Arc::from),

@@ -9,17 +9,11 @@ use serde_json::{json, Value};
 pub const JSON_WHITESPACE: &str = r"[\x20\x0A\x0D\x09]{1,20}";
 
 /// How JSON is laid out.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct JsonOptions {
     /// A regular expression for the whitespace between JSON tokens (None: [`JSON_WHITESPACE`];
     /// empty: none).
     pub whitespace_pattern: Option<String>,
-}
-
-impl Default for JsonOptions {
-    fn default() -> Self {
-        JsonOptions { whitespace_pattern: None }
-    }
 }
 
 /// A constraint on a request's output.
