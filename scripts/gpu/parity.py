@@ -6,37 +6,59 @@ cargo) — python3 with torch, transformers 5.x, numpy, safetensors:
 
     python3 scripts/gpu/parity.py [--kern .carry/kern] [--kernels build/packs]
         [--shapes qwen3-0.6b,qwen2.5-0.5b,qwen3-4b] [--steps 64] [--timeout 300]
+    python3 scripts/gpu/parity.py --shapes smollm2-135m,llama-3.2-1b,gemma-3-1b-sw48,mistral-7b-v0.1-sw64
+    python3 scripts/gpu/parity.py --shapes gemma-3-1b:sliding_window=32:layers=8   # an ad hoc shape
     python3 scripts/gpu/parity.py --layers 2 --steps 8      # quick smoke run (shrunk models)
+    python3 scripts/gpu/parity.py --list                    # the presets and cases
     python3 scripts/gpu/parity.py --selftest                # the comparison logic, CPU + numpy only
 
-Per shape (presets of `kern random-weights`, real layer counts unless --layers):
-  1. `kern random-weights --preset P --seed S` and `kern pack` (--max-tokens 256 --max-seqs 8
-     --max-context 1024) into --work (default /tmp/kern-parity), deleted afterwards unless --keep.
-  2. Four prompts of seeded random token ids in [0, 151643), lengths --lengths (5,37,120,251).
-  3. `kern generate` of all four as one batch: greedy, --steps tokens, --ignore-eos, --dump →
+A shape is one of: a preset of `kern random-weights` (packs/src/config.rs PRESETS, read from
+that file: every family's real widths), a case of CASES below (a preset with config overrides
+such as a short sliding window, a layer count, its own prompts / steps / context), or
+PRESET:key=value:... (keys layers, steps, lengths (a/b/c), attn, max_context, pack_max_tokens;
+any other key is a config.json override, its value JSON). --layers / --steps / --lengths on the
+command line override every shape's own.
+
+Per shape (real layer counts unless the shape or --layers says otherwise):
+  1. `kern random-weights` (--preset P, or --config with the shape's config: the preset's with
+     its overrides and layer count) --seed S and `kern pack` (--max-tokens 256 --max-seqs 8
+     --max-context 1024 unless the shape says otherwise) into --work (default
+     /tmp/kern-parity), deleted afterwards unless --keep.
+  2. Prompts of seeded random token ids in [0, min(vocab, 151643)) (151643: Qwen's ordinary
+     vocabulary, no special tokens; every id of a smaller vocabulary), lengths --lengths
+     (5,37,120,251) or the shape's own.
+  3. `kern generate` of all prompts as one batch: greedy, --steps tokens, --ignore-eos, --dump →
      kern's tokens and, per step, the last-position logits the token was chosen from.
-  4. transformers (attention: --attn, default "sdpa", the library's default) in float32 (ref32)
-     and in bfloat16, each loaded from the same directory, teacher-forced on prompt + kern's
-     tokens (one forward per sequence, no cache): rows at positions len(prompt)-1+j.
-     Per step j: e_kern = max|kern_j - ref32_j|, e_bf16 = max|bf16_j - ref32_j|,
+  4. transformers (attention: --attn or the shape's, default "sdpa", the library's default) in
+     float32 (ref32) and in bfloat16, each loaded from the same directory, teacher-forced on
+     prompt + kern's tokens (one forward per sequence, no cache): rows at positions
+     len(prompt)-1+j. Per step j: e_kern = max|kern_j - ref32_j|, e_bf16 = max|bf16_j - ref32_j|,
      bound = 1.5 e_bf16 + 0.01; PASS iff e_kern <= bound at every step of every sequence.
      fp32 matmuls run in full fp32 (TF32 off); bf16 runs with PyTorch's defaults.
   5. transformers bf16 greedy with its own KV cache (model.generate, do_sample=False,
-     eos_token_id=None so it neither stops nor masks EOS — as kern's --ignore-eos), one prompt
-     at a time: the token streams must be equal for all steps or, at the first split j,
-     |ref32_j[kern tok] - ref32_j[hf tok]| <= bound_j (ref32_j is the logits of the common
+     eos_token_id=None so it neither stops nor masks EOS — as kern's --ignore-eos; pad id 0),
+     one prompt at a time: the token streams must be equal for all steps or, at the first split
+     j, |ref32_j[kern tok] - ref32_j[hf tok]| <= bound_j (ref32_j is the logits of the common
      prefix). The vLLM rule (each token in the other side's top 5) is reported alongside.
   6. Chunked prefill: `kern generate --chunk 16 --max-tokens 4` (same batch) against step 3's
      rows 0..3 (while the token prefixes agree), and the longest prompt alone in one chunk
-     (`--max-tokens 4`, no --chunk) against both: max |diff| <= bound of that step.
+     (`--max-tokens 4`, no --chunk; when it fits one step) against both: max |diff| <= bound of
+     that step. With a sliding window shorter than the prompts, the chunks cross the window.
+  7. The manifest against the fp32 model (scripts/gpu/families.py rope_check): per layer, the
+     RoPE frequencies kern uses (the manifest's table `rope.inv_freq`, or theta^(-2i/d) as the
+     kernel computes it when there is none, e.g. Gemma 3's local layers) equal transformers'
+     rotary_emb inv_freq of the layer's type (to 1 ulp; the count of inexact ones is shown), the
+     cos/sin factor equals its attention_scaling, the attention score scale equals
+     self_attn.scaling, and the layer's sliding window equals transformers'.
   Also checked: kern's logits are finite, shaped [steps, vocab], and each chosen token holds
   its row's maximum (the dump is what the token was chosen from).
 
 Prints one summary row per shape and a final table; when $OUT is set, writes every number to
 $OUT/parity.json (after each shape), the final table to $OUT/parity.txt and every kern call's
-command line, stdout and stderr to $OUT/parity-logs/. The "chunked max diff" column is the
-largest of: chunk-16 run vs the batch run, lone one-chunk run vs both. Exit status 1 if any
-shape FAILs (a failing shape does not stop the others), 2 on bad arguments.
+command line, stdout and stderr to $OUT/parity-logs/ (PARITY_JSON / PARITY_TXT / PARITY_LOGS
+rename them). The "chunked max diff" column is the largest of: chunk-16 run vs the batch run,
+lone one-chunk run vs both. Exit status 1 if any shape FAILs (a failing shape does not stop the
+others), 2 on bad arguments.
 
 Dry run without a GPU (plumbing only): scripts/gpu/parity_fake_kern.py stands in for kern.
 """
@@ -51,10 +73,125 @@ import time
 import traceback
 
 REL, ABS = 1.5, 0.01  # kern's error bound: REL * e_bf16 + ABS
-PROMPT_ID_MAX = 151643  # prompt ids in [0, 151643): the ordinary vocabulary, no special tokens
+PROMPT_ID_MAX = 151643  # Qwen's ordinary vocabulary (no special tokens); smaller vocabularies: all ids
+PAD_ID = 0  # transformers' generate pad id: valid in every vocabulary (one prompt at a time: never used)
 TOPK = 5  # vLLM's check_logprobs_close
-SHAPES = ("qwen3-0.6b", "qwen3-4b", "qwen2.5-0.5b", "qwen3-8b")
 DEFAULT_SHAPES = "qwen3-0.6b,qwen2.5-0.5b,qwen3-4b"  # the 8 GB one last
+DEFAULT_LENGTHS = (5, 37, 120, 251)
+DEFAULT_STEPS = 64
+REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+# Cases: a preset with what the preset alone does not exercise. `config` overrides config.json
+# keys (never a tensor's shape), `layers` cuts the decoder (real widths, fewer layers: the 7B /
+# 8B shapes in a device call's time), the rest replaces the run's defaults for this shape.
+CASES = {
+    "gemma-3-1b-sw48": dict(
+        preset="gemma-3-1b", config={"sliding_window": 48},
+        why="Gemma 3 1B, a 48-token window on its 5-of-6 local layers: prompts 120 / 251 and 64 steps go well past it, 16-token chunks cross it"),
+    "gemma-3-4b-sw96": dict(
+        preset="gemma-3-4b", layers=12, config={"sliding_window": 96},
+        why="Gemma 3 4B widths (linear-8 RoPE on the global layers 5 and 11, head_dim 256), a 96-token window, 12 of 34 layers"),
+    "gemma-3-4b": dict(preset="gemma-3-4b", why="Gemma 3 4B as it is (window 1024: not reached by these prompts)"),
+    "mistral-7b-v0.1-sw64": dict(
+        preset="mistral-7b-v0.1", layers=8, config={"sliding_window": 64},
+        why="Mistral 7B v0.1 widths with a 64-token window on every layer (its 4096 shortened), 8 of 32 layers"),
+    "mistral-7b-l8": dict(preset="mistral-7b", layers=8, why="Mistral 7B v0.3 widths (no window, vocab 32768), 8 of 32 layers"),
+    "llama-3.1-8b-l8": dict(preset="llama-3.1-8b", layers=8, why="Llama 3.1 8B widths (llama3 RoPE factor 8, untied), 8 of 32 layers"),
+    "llama-3.2-1b-long": dict(
+        preset="llama-3.2-1b", lengths=[8300, 40], steps=32, max_context=8448,
+        why="Llama 3.2 1B (llama3 RoPE factor 32, original context 8192): positions up to 8331, past the smooth band's longest wavelength (8192)"),
+}
+SHAPE_KEYS = {"layers": int, "steps": int, "lengths": lambda v: [int(x) for x in str(v).replace(",", "/").split("/") if x],
+              "attn": str, "max_context": int, "pack_max_tokens": int}
+
+
+def read_presets(path=None):
+    """The PRESETS of packs/src/config.rs (what `kern random-weights --preset` writes): name ->
+    the config.json values, read from the Rust source so the two never drift apart."""
+    path = path or os.path.join(REPO, "packs", "src", "config.rs")
+    with open(path) as f:
+        text = f.read()
+    out = {}
+    for m in re.finditer(r'\(\s*"([^"]+)"\s*,\s*r#"(\{.*?\})"#\s*\)', text, re.S):
+        out[m.group(1)] = json.loads(m.group(2))
+    if not out:
+        raise ValueError(f"{path}: no PRESETS entries found")
+    return out
+
+
+def parse_shape(spec, presets):
+    """A shape spec -> {name, preset, config (overrides), layers, steps, lengths, attn,
+    max_context, pack_max_tokens, why}; None where the run's defaults apply."""
+    spec = spec.strip()
+    shape = {"name": spec, "config": {}, "why": ""}
+    if spec in CASES:
+        c = dict(CASES[spec])
+        shape["preset"] = c.pop("preset")
+        shape["config"] = dict(c.pop("config", {}))
+        shape["why"] = c.pop("why", "")
+        shape.update(c)
+    else:
+        head, *kvs = spec.split(":")
+        shape["preset"] = head
+        for kv in kvs:
+            if "=" not in kv:
+                raise ValueError(f"shape {spec!r}: `{kv}` is not key=value")
+            k, v = kv.split("=", 1)
+            if k in SHAPE_KEYS:
+                shape[k] = SHAPE_KEYS[k](v)
+            else:
+                try:
+                    shape["config"][k] = json.loads(v)
+                except ValueError:
+                    shape["config"][k] = v
+    if shape["preset"] not in presets:
+        raise ValueError(f"shape {spec!r}: no preset {shape['preset']!r} (presets: {', '.join(presets)}; cases: {', '.join(CASES)})")
+    for k in SHAPE_KEYS:
+        shape.setdefault(k, None)
+    return shape
+
+
+def shape_config(shape, presets, layers=None):
+    """The config.json values random-weights writes for the shape: the preset's, the overrides,
+    the layer count (None: the shape's own, else the real one)."""
+    cfg = json.loads(json.dumps(presets[shape["preset"]]))
+    cfg.update(shape["config"])
+    n = layers or shape.get("layers")
+    if n:
+        cfg["num_hidden_layers"] = int(n)
+        if "layer_types" in cfg and "layer_types" not in shape["config"]:
+            del cfg["layer_types"]  # the family's rule gives them for the new count
+    return cfg
+
+
+# config.json keys transformers 5.x's strict configs type as int (a JSON 256.0 is refused:
+# "Field 'query_pre_attn_scalar' expected int, got float").
+HF_INT_KEYS = ("query_pre_attn_scalar", "sliding_window", "head_dim", "max_position_embeddings", "num_hidden_layers",
+               "num_attention_heads", "num_key_value_heads", "hidden_size", "intermediate_size", "vocab_size",
+               "sliding_window_pattern")
+
+
+def hf_config_fixups(model_dir):
+    """Rewrites whole-number floats of HF_INT_KEYS in model_dir/config.json as ints (kern reads
+    either). Returns what it changed, e.g. ["query_pre_attn_scalar 256.0 -> 256"]: reported with
+    the shape, since a config.json transformers refuses is a finding about kern's writer."""
+    path = os.path.join(model_dir, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    changed = []
+    for k in HF_INT_KEYS:
+        v = cfg.get(k)
+        if isinstance(v, float) and v.is_integer():
+            cfg[k] = int(v)
+            changed.append(f"{k} {v!r} -> {int(v)}")
+    if changed:
+        write_json(path, cfg)
+    return changed
+
+
+def prompt_id_max(vocab):
+    """Prompt ids are drawn from [0, this): Qwen's ordinary tokens, or a smaller vocabulary's all."""
+    return min(int(vocab), PROMPT_ID_MAX)
 
 
 def log(*a):
@@ -234,6 +371,7 @@ def summarize_shape(shape, prompts, seqs, rates, extra=None):
         "greedy": ",".join(greedy),
         "chunked_max_diff": chunk_max,
         "chunked_tokens_equal": all(s["chunked"]["tokens_equal"] for s in seqs),
+        "rope": None,
         "decode_tok_s": rates.get("decode"),
         "prefill_tok_s": rates.get("prefill"),
         "pass": all(s["pass"] for s in seqs),
@@ -258,7 +396,24 @@ def summarize_shape(shape, prompts, seqs, rates, extra=None):
     row["failures"] = fails
     if extra:
         row.update(extra)
+    rc = row.get("rope_check")
+    if rc is not None:
+        row["rope"] = rope_cell(rc)
+        if not rc.get("pass"):
+            row["pass"] = False
+            row["failures"] = fails + [f"manifest vs transformers: {p}" for p in (rc.get("problems") or ["failed"])[:4]]
     return row
+
+
+def rope_cell(rc):
+    """The table cell of a manifest check (families.rope_check): ok, ok with the count of
+    frequencies 1 ulp off, FAIL, or the error."""
+    if rc.get("error"):
+        return "err"
+    if not rc.get("pass"):
+        return "FAIL"
+    n = rc.get("inexact", 0)
+    return "ok" if not n else f"ok ({n} 1ulp)"
 
 
 def fmt(x, spec=".4f"):
@@ -269,18 +424,28 @@ def fmt(x, spec=".4f"):
     return str(x)
 
 
-TABLE_COLS = [("shape", 13), ("prompts", 14), ("steps", 5), ("worst e/bound", 13), ("max e_kern", 10),
-              ("max e_bf16", 10), ("greedy (split@)", 22), ("chunked max diff", 16), ("decode tok/s", 12), ("result", 6)]
+TABLE_COLS = [("shape", 20), ("layers", 6), ("prompts", 14), ("steps", 5), ("worst e/bound", 13), ("max e_kern", 10),
+              ("max e_bf16", 10), ("greedy (split@)", 22), ("chunked max diff", 16), ("rope/scale/window", 17),
+              ("decode tok/s", 12), ("result", 6)]
+
+
+def layers_cell(row):
+    """Layers run, "8/32" when the shape was cut."""
+    n, real = row.get("layers"), row.get("real_layers")
+    if n is None:
+        return "-"
+    return f"{n}/{real}" if real and real != n else str(n)
 
 
 def table_line(row):
     if row.get("error"):
-        cells = [row["shape"], "-", "-", "-", "-", "-", "-", "-", "-", "FAIL"]
+        cells = [row["shape"], layers_cell(row), "-", "-", "-", "-", "-", "-", "-", "-", "-", "FAIL"]
     else:
-        cells = [row["shape"], row["prompts"], str(row["steps"]), fmt(row["worst_ratio"], ".3f"),
+        cells = [row["shape"], layers_cell(row), row["prompts"], str(row["steps"]), fmt(row["worst_ratio"], ".3f"),
                  fmt(row["max_e_kern"]), fmt(row["max_e_bf16"]), row["greedy"],
-                 fmt(row["chunked_max_diff"], ".3g"), fmt(row["decode_tok_s"], ".1f"), "PASS" if row["pass"] else "FAIL"]
-    return " | ".join(c.ljust(w) for c, (_, w) in zip(cells, TABLE_COLS))
+                 fmt(row["chunked_max_diff"], ".3g"), row.get("rope") or "-", fmt(row["decode_tok_s"], ".1f"),
+                 "PASS" if row["pass"] else "FAIL"]
+    return " | ".join(str(c).ljust(w) for c, (_, w) in zip(cells, TABLE_COLS))
 
 
 def format_table(rows):
@@ -371,14 +536,14 @@ class Kern:
         for d in (self.logdir, self.outlogdir):
             if d:
                 os.makedirs(d, exist_ok=True)
-                with open(os.path.join(d, f"{name}.log"), "w") as f:
+                with open(os.path.join(d, f"{safe_name(name)}.log"), "w") as f:
                     f.write(text)
 
 
-def make_prompts(lengths, seed):
+def make_prompts(lengths, seed, id_max=PROMPT_ID_MAX):
     import numpy as np
     rng = np.random.default_rng(seed)
-    return [[int(x) for x in rng.integers(0, PROMPT_ID_MAX, size=n)] for n in lengths]
+    return [[int(x) for x in rng.integers(0, id_max, size=n)] for n in lengths]
 
 
 def gen_args(model_dir, prompts, steps, dump, chunk=None, extra=()):
@@ -455,9 +620,12 @@ def teacher_forced(model, prompts, gen_toks, device):
         for p, g in zip(prompts, gen_toks):
             n = len(g)
             ids = torch.tensor([list(p) + list(g[:n - 1])], device=device)
-            logits = model(input_ids=ids, use_cache=False).logits
-            assert logits.shape[1] == len(p) + n - 1, logits.shape
-            rows.append(logits[0, len(p) - 1:len(p) - 1 + n].float().cpu().numpy())
+            try:  # the last n positions only: a long prompt's full [len, vocab] fp32 logits are GBs
+                logits = model(input_ids=ids, use_cache=False, logits_to_keep=n).logits
+            except TypeError:
+                logits = model(input_ids=ids, use_cache=False).logits
+            assert logits.shape[1] in (n, len(p) + n - 1), logits.shape
+            rows.append(logits[0, -n:].float().cpu().numpy())
             del logits
     return rows
 
@@ -469,7 +637,7 @@ def hf_greedy(model, prompts, steps, device):
     import torch
     gc = model.generation_config
     gc.eos_token_id = None
-    gc.pad_token_id = PROMPT_ID_MAX
+    gc.pad_token_id = PAD_ID
     toks, topk, consistent = [], [], True
     with torch.inference_mode():
         for p in prompts:
@@ -498,14 +666,21 @@ def free_cuda():
 
 
 def hf_side(model_dir, prompts, kern_toks, steps, device, attn):
-    """ref32 rows, bf16 rows, HF bf16 greedy tokens + top-k, and timings. One model on the GPU
-    at a time (fp32 first), freed before returning."""
+    """ref32 rows, bf16 rows, HF bf16 greedy tokens + top-k, the manifest check (RoPE, scales,
+    windows) against the fp32 model, and timings. One model on the GPU at a time (fp32 first),
+    freed before returning."""
     import torch
     out = {}
     m, t = load_hf(model_dir, torch.float32, device, attn)
     out["attn_implementation"] = m.config._attn_implementation
     out["rope"] = str(getattr(m.config, "rope_parameters", None))
     out["load_fp32_s"] = round(t, 2)
+    try:
+        import families
+        out["rope_check"] = families.rope_check(os.path.join(model_dir, "model.json"), families.hf_layers(m))
+    except Exception as e:  # noqa: BLE001 -- reported in the row as an error
+        traceback.print_exc()
+        out["rope_check"] = {"pass": False, "error": f"{type(e).__name__}: {e}"[:300], "problems": [f"{type(e).__name__}: {e}"[:300]]}
     t = time.time()
     out["ref32"] = teacher_forced(m, prompts, kern_toks, device)
     out["fp32_forward_s"] = round(time.time() - t, 2)
@@ -529,33 +704,70 @@ def hf_side(model_dir, prompts, kern_toks, steps, device, attn):
 
 
 # ============================================================================ one shape
-def run_shape(shape, a, kern, prompts, shape_dir):
+def shape_settings(shape, a):
+    """The run's settings for one shape: the command line's explicit values, else the shape's,
+    else the defaults; the context and step sizes checked against the prompts."""
+    st = {
+        "steps": a.steps or shape.get("steps") or DEFAULT_STEPS,
+        "lengths": list(a.lengths_list or shape.get("lengths") or DEFAULT_LENGTHS),
+        "attn": a.attn or shape.get("attn") or "sdpa",
+        "pack_max_tokens": a.pack_max_tokens or shape.get("pack_max_tokens") or 256,
+        "layers": a.layers or shape.get("layers"),
+    }
+    need = max(st["lengths"]) + st["steps"]
+    mc = a.max_context or shape.get("max_context")
+    st["max_context"] = mc or max(1024, -(-need // 256) * 256)
+    if len(st["lengths"]) > a.max_seqs or min(st["lengths"]) < 1:
+        raise ValueError(f"prompt lengths {st['lengths']}: 1..{a.max_seqs} positive lengths (--max-seqs)")
+    if need > st["max_context"]:
+        raise ValueError(f"longest prompt {max(st['lengths'])} + {st['steps']} steps > max context {st['max_context']}")
+    if st["steps"] < 1:
+        raise ValueError("steps must be positive")
+    return st
+
+
+def run_shape(shape, a, kern, shape_dir, presets):
     t0 = time.time()
+    name = shape["name"]
+    st = shape_settings(shape, a)
+    steps = st["steps"]
     model_dir = os.path.join(shape_dir, "model")
     shutil.rmtree(shape_dir, ignore_errors=True)
     os.makedirs(shape_dir)
-    rw = ["random-weights", "--preset", shape, "-o", model_dir, "--seed", a.seed]
-    if a.layers:
-        rw += ["--layers", a.layers]
-    kern(f"{shape}.random-weights", rw)
-    kern(f"{shape}.pack", ["pack", "--config", os.path.join(model_dir, "config.json"), "-o", model_dir,
-                           "--kernels", a.kernels, "--max-tokens", a.pack_max_tokens, "--max-seqs", a.max_seqs,
-                           "--max-context", a.max_context] + a.pack_arg)
+    real_layers = presets[shape["preset"]]["num_hidden_layers"]
+    if shape["config"] or st["layers"]:
+        # The preset's config with the shape's overrides and layer count, through --config
+        # (random-weights' own --layers keeps the preset's per-layer lists, e.g. Gemma's).
+        src = os.path.join(shape_dir, "src-config.json")
+        write_json(src, shape_config(shape, presets, st["layers"]))
+        kern(f"{name}.random-weights", ["random-weights", "--config", src, "-o", model_dir, "--seed", a.seed])
+    else:
+        kern(f"{name}.random-weights", ["random-weights", "--preset", shape["preset"], "-o", model_dir, "--seed", a.seed])
+    kern(f"{name}.pack", ["pack", "--config", os.path.join(model_dir, "config.json"), "-o", model_dir,
+                          "--kernels", a.kernels, "--max-tokens", st["pack_max_tokens"], "--max-seqs", a.max_seqs,
+                          "--max-context", st["max_context"]] + a.pack_arg)
+    fixups = hf_config_fixups(model_dir)
+    if fixups:
+        log(f"  config.json as kern wrote it is refused by transformers' strict config; rewritten: {', '.join(fixups)}")
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     vocab = int(cfg["vocab_size"])
+    prompts = make_prompts(st["lengths"], a.seed, prompt_id_max(vocab))
+    log(f"  {name}: {shape['why'] or shape['preset']}; layers {cfg.get('num_hidden_layers')} of {real_layers}, "
+        f"sliding_window {cfg.get('sliding_window')}, rope {cfg.get('rope_scaling') or cfg.get('rope_parameters')}, "
+        f"prompts {st['lengths']} ids < {prompt_id_max(vocab)}, {steps} steps, max context {st['max_context']}")
     t_prep = time.time() - t0
 
     d1, d2, d3 = (os.path.join(shape_dir, x) for x in ("dump", "dump-chunk16", "dump-single"))
-    err1, _ = kern(f"{shape}.generate", gen_args(model_dir, prompts, a.steps, d1, extra=a.kern_arg), show_tail=6)
+    err1, _ = kern(f"{name}.generate", gen_args(model_dir, prompts, steps, d1, extra=a.kern_arg), show_tail=6)
     rates = parse_rates(err1)
-    run1 = read_dump(d1, prompts, a.steps, vocab)
-    n2 = min(4, a.steps)
+    run1 = read_dump(d1, prompts, steps, vocab)
+    n2 = min(4, steps)
 
     def side_run(name, ps, d, chunk=None, tail=0):
         """A chunked-prefill run; its failure fails the chunked check, not the whole shape."""
         try:
-            kern(f"{shape}.{name}", gen_args(model_dir, ps, n2, d, chunk=chunk, extra=a.kern_arg), show_tail=tail)
+            kern(f"{shape['name']}.{name}", gen_args(model_dir, ps, n2, d, chunk=chunk, extra=a.kern_arg), show_tail=tail)
             return read_dump(d, ps, n2, vocab)
         except Exception as e:  # noqa: BLE001
             msg = " / ".join(x.strip() for x in str(e).splitlines() if x.strip())[:400]
@@ -565,13 +777,13 @@ def run_shape(shape, a, kern, prompts, shape_dir):
     run2 = side_run("generate-chunk16", prompts, d2, chunk=16, tail=3)
     i_long = max(range(len(prompts)), key=lambda i: len(prompts[i]))
     single = None
-    if len(prompts[i_long]) <= a.pack_max_tokens:
+    if len(prompts[i_long]) <= st["pack_max_tokens"]:
         single = side_run("generate-single", [prompts[i_long]], d3)
     t_kern = time.time() - t0 - t_prep
     log(f"  kern tokens (first 8 of each): {[o[:8] for o in run1[0]]}")
 
     t = time.time()
-    hf = hf_side(model_dir, prompts, run1[0], a.steps, a.device, a.attn)
+    hf = hf_side(model_dir, prompts, run1[0], steps, a.device, st["attn"])
     t_hf = time.time() - t
     log(f"  transformers: attn={hf['attn_implementation']} rope={hf['rope']} load fp32 {hf['load_fp32_s']} s, "
         f"bf16 {hf['load_bf16_s']} s; generate {hf['hf_generate_s']} s")
@@ -598,14 +810,17 @@ def run_shape(shape, a, kern, prompts, shape_dir):
             + ("" if r["pass"] else "  FAIL"))
     extra = {"timings_s": {"prepare": round(t_prep, 1), "kern": round(t_kern, 1), "transformers": round(t_hf, 1),
                            "total": round(time.time() - t0, 1)},
-             "hf": {k: v for k, v in hf.items() if k not in ("ref32", "bf16", "hf_toks", "hf_topk")},
+             "hf": {k: v for k, v in hf.items() if k not in ("ref32", "bf16", "hf_toks", "hf_topk", "rope_check")},
+             "rope_check": hf.get("rope_check"),
              "kern_stderr_tail": err1.strip().splitlines()[-10:], "layers": cfg.get("num_hidden_layers"),
+             "real_layers": real_layers, "preset": shape["preset"], "overrides": shape["config"], "why": shape["why"],
+             "settings": st, "sliding_window": cfg.get("sliding_window"), "prompt_ids": prompts, "config_fixups": fixups,
              "seqs": seqs}
     if not hf["hf_argmax_consistent"]:
         log("  note: a transformers greedy token is not the argmax of its raw logits (a logits processor acted)")
     del hf
     free_cuda()
-    return summarize_shape(shape, prompts, seqs, rates, extra)
+    return summarize_shape(name, prompts, seqs, rates, extra)
 
 
 class NotStarted(Exception):
@@ -639,19 +854,38 @@ def write_json(path, obj):
     os.replace(tmp, path)
 
 
+def safe_name(name):
+    """A shape name as a file name (ad hoc specs hold ':' and '=')."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def list_shapes(presets):
+    lines = ["presets (packs/src/config.rs):"]
+    for n, c in presets.items():
+        lines.append(f"  {n:<22} {c['model_type']:<12} hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, vocab {c['vocab_size']}"
+                     + (f", window {c['sliding_window']}" if c.get("sliding_window") else "")
+                     + (f", rope {c['rope_scaling'].get('rope_type')}" if c.get("rope_scaling") else ""))
+    lines.append("cases:")
+    for n, c in CASES.items():
+        lines.append(f"  {n:<22} {c['why']}")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--kern", default=".carry/kern", help="the kern binary (default .carry/kern)")
     ap.add_argument("--kernels", default="build/packs", help="the pack's built kernels, for kern pack")
-    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated, of {', '.join(SHAPES)}")
-    ap.add_argument("--steps", type=int, default=64, help="greedy tokens per sequence (default 64)")
-    ap.add_argument("--lengths", default="5,37,120,251", help="prompt lengths (default 5,37,120,251)")
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES,
+                    help="comma-separated presets, cases or PRESET:key=value:... specs (--list shows them)")
+    ap.add_argument("--steps", type=int, default=None, help=f"greedy tokens per sequence (default: the shape's, else {DEFAULT_STEPS})")
+    ap.add_argument("--lengths", default=None,
+                    help=f"prompt lengths, comma-separated (default: the shape's, else {','.join(map(str, DEFAULT_LENGTHS))})")
     ap.add_argument("--seed", type=int, default=1, help="weights and prompts seed")
     ap.add_argument("--layers", type=int, default=int(os.environ.get("PARITY_LAYERS", "0")) or None,
-                    help="override the layer count (smoke runs; env PARITY_LAYERS); default: the real counts")
+                    help="override every shape's layer count (smoke runs; env PARITY_LAYERS); default: the shape's, else the real count")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per kern call (default 300)")
-    ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="transformers' attention (default sdpa)")
+    ap.add_argument("--attn", default=None, choices=["sdpa", "eager"], help="transformers' attention (default: the shape's, else sdpa)")
     ap.add_argument("--device", default="cuda", help="torch device for transformers (default cuda)")
     ap.add_argument("--work", default="/tmp/kern-parity", help="weights, manifests and dumps (not $OUT)")
     ap.add_argument("--keep", action="store_true", help="keep the weights and dumps under --work")
@@ -661,30 +895,42 @@ def main(argv=None):
                     help="extra argument for `kern pack` (repeatable, e.g. --pack-arg=--tp --pack-arg=2)")
     ap.add_argument("--kern-arg", action="append", default=[],
                     help="extra argument for every `kern generate` (repeatable, e.g. --kern-arg=--gpu-mem --kern-arg=40GiB)")
-    ap.add_argument("--pack-max-tokens", type=int, default=256)
+    ap.add_argument("--pack-max-tokens", type=int, default=None, help="kern pack --max-tokens (default: the shape's, else 256)")
     ap.add_argument("--max-seqs", type=int, default=8)
-    ap.add_argument("--max-context", type=int, default=1024)
+    ap.add_argument("--max-context", type=int, default=None,
+                    help="kern pack --max-context (default: the shape's, else the prompts + steps rounded up, at least 1024)")
+    ap.add_argument("--list", action="store_true", help="list the presets and cases, then exit")
     ap.add_argument("--selftest", action="store_true", help="check the comparison logic on synthetic data (CPU, numpy)")
     a = ap.parse_args(argv)
     if a.selftest:
         return selftest()
+    presets = read_presets()
+    if a.list:
+        print(list_shapes(presets))
+        return 0
 
-    shapes = [s.strip() for s in a.shapes.split(",") if s.strip()]
-    bad = [s for s in shapes if s not in SHAPES]
-    lengths = [int(x) for x in a.lengths.split(",") if x.strip()]
+    names = [s.strip() for s in a.shapes.split(",") if s.strip()]
     problems = []
-    if bad:
-        problems.append(f"unknown shapes {bad}; known: {', '.join(SHAPES)}")
+    shapes = {}
+    for n in names:
+        try:
+            shapes[n] = parse_shape(n, presets)
+        except ValueError as e:
+            problems.append(str(e))
+    try:
+        a.lengths_list = [int(x) for x in a.lengths.split(",") if x.strip()] if a.lengths else None
+    except ValueError:
+        problems.append(f"--lengths {a.lengths!r}: comma-separated integers")
+        a.lengths_list = None
     if not os.path.isfile(a.kern) or not os.access(a.kern, os.X_OK):
         problems.append(f"--kern {a.kern}: not an executable file")
     if not os.path.isdir(a.kernels):
         problems.append(f"--kernels {a.kernels}: no such directory")
-    if len(lengths) > a.max_seqs or any(n < 1 for n in lengths):
-        problems.append(f"--lengths {lengths}: 1..{a.max_seqs} positive lengths")
-    if lengths and max(lengths) + a.steps > a.max_context:
-        problems.append(f"longest prompt {max(lengths)} + {a.steps} steps > --max-context {a.max_context}")
-    if a.steps < 1:
-        problems.append("--steps must be positive")
+    for n, sh in shapes.items():
+        try:
+            shape_settings(sh, a)
+        except ValueError as e:
+            problems.append(f"{n}: {e}")
     if problems:
         for p in problems:
             print(f"parity.py: {p}", file=sys.stderr)
@@ -693,39 +939,41 @@ def main(argv=None):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     out_dir = os.environ.get("OUT")
+    json_out = os.environ.get("PARITY_JSON") or (os.path.join(out_dir, "parity.json") if out_dir else None)
+    txt_out = os.environ.get("PARITY_TXT") or (os.path.join(out_dir, "parity.txt") if out_dir else None)
+    logs_out = os.environ.get("PARITY_LOGS") or (os.path.join(out_dir, "parity-logs") if out_dir else None)
     t_start = time.time()
     env = torch_setup(a.device)
-    env.update(kern=os.path.abspath(a.kern), kernels=a.kernels, attn=a.attn, seed=a.seed, steps=a.steps,
-               lengths=lengths, layers=a.layers or "real", rule=f"e_kern <= {REL} * e_bf16 + {ABS}")
+    env.update(kern=os.path.abspath(a.kern), kernels=a.kernels, attn=a.attn or "per shape (sdpa)", seed=a.seed,
+               steps=a.steps or "per shape", lengths=a.lengths_list or "per shape", layers=a.layers or "per shape",
+               rule=f"e_kern <= {REL} * e_bf16 + {ABS}")
     log(f"parity: {json.dumps(env)}")
-    prompts = make_prompts(lengths, a.seed)
-    kern = Kern(a.kern, a.timeout, os.path.join(a.work, "logs"), os.path.join(out_dir, "parity-logs") if out_dir else None)
+    kern = Kern(a.kern, a.timeout, os.path.join(a.work, "logs"), logs_out)
 
-    def one(shape):
+    def one(name):
         if a.budget and time.time() - t_start > a.budget:
             raise NotStarted(f"not started: {time.time() - t_start:.0f} s elapsed > --budget {a.budget} s "
-                             f"(run it alone: --shapes {shape})")
-        d = os.path.join(a.work, shape)
+                             f"(run it alone: --shapes {name})")
+        d = os.path.join(a.work, safe_name(name))
         try:
-            return run_shape(shape, a, kern, prompts, d)
+            return run_shape(shapes[name], a, kern, d, presets)
         finally:
             free_cuda()
             if not a.keep:
                 shutil.rmtree(d, ignore_errors=True)
 
     rows = []
-    for rows in run_all(shapes, one):
-        if out_dir:
-            os.makedirs(out_dir, exist_ok=True)
-            write_json(os.path.join(out_dir, "parity.json"),
-                       {"env": env, "prompts": prompts, "shapes": rows, "elapsed_s": round(time.time() - t_start, 1)})
-    ok = all(r["pass"] for r in rows) and len(rows) == len(shapes)
-    summary = (f"== parity of kern generate vs transformers ({env.get('transformers', '?')}, attn {a.attn}, "
-               f"{env.get('gpu', a.device)}), rule e_kern <= {REL} e_bf16 + {ABS}, {a.steps} steps, "
+    for rows in run_all(names, one):
+        if json_out:
+            os.makedirs(os.path.dirname(os.path.abspath(json_out)), exist_ok=True)
+            write_json(json_out, {"env": env, "shapes": rows, "elapsed_s": round(time.time() - t_start, 1)})
+    ok = all(r["pass"] for r in rows) and len(rows) == len(names)
+    summary = (f"== parity of kern generate vs transformers ({env.get('transformers', '?')}, attn {a.attn or 'sdpa'}, "
+               f"{env.get('gpu', a.device)}), rule e_kern <= {REL} e_bf16 + {ABS}, "
                f"{time.time() - t_start:.0f} s\n{format_table(rows)}\n\nparity: {'PASS' if ok else 'FAIL'}")
-    log("\n" + summary + (f" (numbers in {out_dir}/parity.json)" if out_dir else ""))
-    if out_dir:
-        with open(os.path.join(out_dir, "parity.txt"), "w") as f:
+    log("\n" + summary + (f" (numbers in {json_out})" if json_out else ""))
+    if txt_out:
+        with open(txt_out, "w") as f:
             f.write(summary + "\n")
     return 0 if ok else 1
 
