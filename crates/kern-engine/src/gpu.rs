@@ -4,6 +4,7 @@
 //! decode steps replay a CUDA graph per bucket (prefill runs eagerly), and `sampled` (plus
 //! `logits` when asked) come back.
 
+use crate::constraint::TokenMask;
 use crate::model::{Model, ModelError, ModelInfo, StepOutput};
 use kern_manifest::manifest::{BufferId, Step as StepAbi};
 use kern_runtime::plan::{self, human, StatePool};
@@ -170,6 +171,11 @@ pub struct GpuModel {
     blocking_steps: bool,
     last_gpu_ms: Option<f32>,
     nvars: usize,
+    /// The step ABI's token mask inputs (`token_mask`, `mask_rows`) and the mask's words per
+    /// row, when the manifest binds them. The checked manifest has no such roles yet (kern-manifest
+    /// must learn them: docs/step-abi.md, "Token mask"), so this stays None and constrained rows
+    /// are masked on the host; with the roles checked, `load` sets it and the sampler masks.
+    mask_inputs: Option<(BufferId, BufferId, usize)>,
     pub report: LoadReport,
     // Declared last: dropped after the runtime that uses it.
     _ctx: kern_cuda::Context,
@@ -290,12 +296,12 @@ impl GpuModel {
             (None, _) => 0,
         };
         let report = LoadReport { device_name: props.name.clone(), weight_bytes, load_secs: t0.elapsed().as_secs_f64(), pages, page_tokens };
-        Ok(GpuModel { rt, pools, offload: None, step, draft, info, graphs: opts.graphs, capture_at_start: opts.capture_at_start, blocking_steps: opts.blocking_steps, last_gpu_ms: None, nvars, report, _ctx: ctx })
+        Ok(GpuModel { rt, pools, offload: None, step, draft, info, graphs: opts.graphs, capture_at_start: opts.capture_at_start, blocking_steps: opts.blocking_steps, last_gpu_ms: None, nvars, mask_inputs: None, report, _ctx: ctx })
     }
 
     /// Copies the step's arrays into the buffers `abi` binds: one asynchronous upload from
     /// pinned staging (no host wait; the run queued next on the same stream reads them).
-    fn upload_with(&mut self, st: &Step, abi: &StepAbi) -> Result<(), ModelError> {
+    fn upload_with(&mut self, st: &Step, abi: &StepAbi, mask: Option<&TokenMask>) -> Result<(), ModelError> {
         let i32s = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let mut writes: Vec<(BufferId, Vec<u8>)> = vec![
@@ -309,6 +315,16 @@ impl GpuModel {
         ];
         if let Some(b) = abi.seq_slots {
             writes.push((b, i32s(&st.seq_slots)));
+        }
+        if let Some((bits, rows, words)) = self.mask_inputs {
+            // Every step writes `mask_rows` (all -1 without constraints), so no row of an
+            // earlier step leaks into this one; only the constrained rows' bitmasks are copied.
+            let free = TokenMask::free(st.num_seqs, words * 32);
+            let m = mask.filter(|m| m.words == words && m.rows.len() == st.num_seqs).unwrap_or(&free);
+            writes.push((rows, i32s(&m.rows)));
+            if m.any() {
+                writes.push((bits, m.bits.iter().flat_map(|x| x.to_le_bytes()).collect()));
+            }
         }
         if let Some(sm) = &abi.sampling {
             writes.push((sm.temperature, f32s(&st.temperature)));
@@ -328,7 +344,7 @@ impl GpuModel {
 
     fn upload(&mut self, st: &Step) -> Result<(), ModelError> {
         let abi = self.step.clone();
-        self.upload_with(st, &abi)
+        self.upload_with(st, &abi, None)
     }
 
     /// One step of program `prog` (bound by `abi`): upload, queue the run (a replayed graph for
@@ -336,9 +352,9 @@ impl GpuModel {
     /// for). A step without real rows (graph capture at start) waits for the run itself.
     /// `while_running` is called between the queued run and the wait: host work there overlaps
     /// the GPU (the engine computes constrained rows' masks there when it masks on the host).
-    fn run_step(&mut self, prog: usize, abi: &StepAbi, st: &Step, want_logits: bool, while_running: &mut dyn FnMut()) -> Result<StepOutput, ModelError> {
+    fn run_step(&mut self, prog: usize, abi: &StepAbi, st: &Step, want_logits: bool, mask: Option<&TokenMask>, while_running: &mut dyn FnMut()) -> Result<StepOutput, ModelError> {
         self.guard_pending_stores(st)?;
-        self.upload_with(st, abi)?;
+        self.upload_with(st, abi, mask)?;
         let mut vars = vec![1i64; self.nvars];
         vars[abi.tokens.0] = st.tokens as i64;
         vars[abi.seqs.0] = st.num_seqs as i64;
@@ -596,23 +612,24 @@ impl Model for GpuModel {
 
     fn step(&mut self, st: &Step, want_logits: bool) -> Result<StepOutput, ModelError> {
         let abi = self.step.clone();
-        self.run_step(0, &abi, st, want_logits, &mut || {})
+        self.run_step(0, &abi, st, want_logits, None, &mut || {})
     }
 
-    // No token mask input yet: the checked manifest's step ABI has no `token_mask` role
-    // (docs/step-abi.md describes it), so `token_mask()` stays false and the engine masks
-    // constrained rows on the host from `logits` — computing the masks here, while the step runs.
-    fn step_with(&mut self, st: &Step, want_logits: bool, mask: Option<&crate::constraint::TokenMask>, while_running: &mut dyn FnMut()) -> Result<StepOutput, ModelError> {
-        if mask.is_some_and(crate::constraint::TokenMask::any) {
+    fn token_mask(&self) -> bool {
+        self.mask_inputs.is_some()
+    }
+
+    fn step_with(&mut self, st: &Step, want_logits: bool, mask: Option<&TokenMask>, while_running: &mut dyn FnMut()) -> Result<StepOutput, ModelError> {
+        if mask.is_some_and(TokenMask::any) && self.mask_inputs.is_none() {
             return Err(err("this model's manifest binds no `token_mask` step input"));
         }
         let abi = self.step.clone();
-        self.run_step(0, &abi, st, want_logits, while_running)
+        self.run_step(0, &abi, st, want_logits, mask, while_running)
     }
 
     fn draft_step(&mut self, st: &Step) -> Result<Vec<i32>, ModelError> {
         let (prog, abi) = self.draft.clone().ok_or_else(|| err("this model declares no draft program (the manifest's `speculative` section)"))?;
-        Ok(self.run_step(prog, &abi, st, false, &mut || {})?.sampled)
+        Ok(self.run_step(prog, &abi, st, false, None, &mut || {})?.sampled)
     }
 
     /// Captures the graph of every decode bucket (the draft program's too) with an all-padding
