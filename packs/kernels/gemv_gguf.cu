@@ -58,20 +58,21 @@ __device__ __forceinline__ uint32_t lds32(const uint8_t* sm, int off) { return *
 __device__ __forceinline__ uint2 lds64(const uint8_t* sm, int off) { return *reinterpret_cast<const uint2*>(sm + off); }
 __device__ __forceinline__ uint4 lds128(const uint8_t* sm, int off) { return *reinterpret_cast<const uint4*>(sm + off); }
 // Activations: plain read-only loads (ld.global.nc), which the compiler may schedule freely inside
-// a unit (griddepcontrol.wait, a memory clobber, keeps them after the producer). A token >= M
-// reads row 0 of x (callers pass that pointer; always valid) and gets zeros.
-__device__ __forceinline__ uint4 ldx16(const bf16* p, bool ok) {
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-  return ok ? v : make_uint4(0u, 0u, 0u, 0u);
-}
-__device__ __forceinline__ uint2 ldx8(const bf16* p, bool ok) {
-  const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
-  return ok ? v : make_uint2(0u, 0u);
-}
-// 4 bytes at a 2-byte aligned offset: two aligned words and a funnel shift (0 or 16 bits).
-__device__ __forceinline__ uint32_t lds32u(const uint8_t* sm, int off) {
-  const uint32_t* w = reinterpret_cast<const uint32_t*>(sm + (off & ~3));
-  return kgguf::fshr(w[0], w[1], static_cast<uint32_t>(off & 2) * 8u);
+// a unit (griddepcontrol.wait, a memory clobber, keeps them after the producer). The lanes of a
+// token >= M read row 0 of x (always valid): their MMA column is garbage that is never stored
+// (an MMA output element depends only on its own row and column).
+__device__ __forceinline__ uint4 ldx16(const bf16* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+__device__ __forceinline__ uint2 ldx8(const bf16* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
+// 4-byte words at 2-byte aligned offsets: Ua u = ua(off) once for a block (or row), then
+// ldu(sm, u, c) is the word at off + c for c % 4 == 0 — two aligned words and a funnel shift by 0
+// or 16 bits, the addresses u.base + c with c mostly a compile-time constant.
+struct Ua {
+  int base;     // off rounded down to 4
+  uint32_t sh;  // (off & 2) · 8
+};
+__device__ __forceinline__ Ua ua(int off) { return Ua{off & ~3, static_cast<uint32_t>(off & 2) * 8u}; }
+__device__ __forceinline__ uint32_t ldu(const uint8_t* sm, Ua u, int c) {
+  return kgguf::fshr(lds32(sm, u.base + c), lds32(sm, u.base + c + 4), u.sh);
 }
 
 // Four bytes v (each < 128) → two bf16x2 A-fragment registers (b0 − OFF, b1 − OFF), (b2 − OFF,
@@ -118,11 +119,25 @@ __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uin
                                     uint32_t b1) {
   kgemm::mma_16816(c, a0, a1, a2, a3, b0, b1);
 }
+// c = A·B (a fresh accumulator: C is zero, no register moves).
+__device__ __forceinline__ void mma0(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                     uint32_t b1) {
+#ifndef KERN_HOST_EMU
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};\n"
+      : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+#else
+  c[0] = c[1] = c[2] = c[3] = 0.0f;
+  kgemm::mma_16816(c, a0, a1, a2, a3, b0, b1);
+#endif
+}
 
 // ------------------------------------------------------------------ per-type unit code
-// T::unit(acc, sm, oA, oB, nb, xr, xok, t): one unit of lane (g = lane/4, t = lane%4): rows g
-// (bytes at sm + oA) and g + 8 (sm + oB), x of token g at xr (the unit's first element; zeros when
-// !xok). acc[0], acc[1]: row g, tokens 2t, 2t+1; acc[2], acc[3]: row g+8. nb = blocks in the unit
+// T::unit(acc, sm, oA, oB, nb, xr, t): one unit of lane (g = lane/4, t = lane%4): rows g
+// (bytes at sm + oA) and g + 8 (sm + oB), x of token g at xr (the unit's first element; for a
+// token >= M any valid row: that MMA column is never stored). acc[0], acc[1]: row g, tokens 2t, 2t+1; acc[2], acc[3]: row g+8. nb = blocks in the unit
 // (< UE/BE only in the last unit of a 32-element type). In every MMA, lane t's k-slots
 // {2t, 2t+1 | 2t+8, 2t+9} hold the elements named at its fragments below.
 // ALIGN: the alignment of a unit's first byte (W 16-byte aligned).
@@ -167,7 +182,8 @@ struct GK45 {
     if constexpr (J <= 4) return (w << (4 - J)) & 0x10101010u;
     else return (w >> (J - 4)) & 0x10101010u;
   }
-  __device__ static void unit(float (&acc)[4], const uint8_t* sm, int oA, int oB, int, const bf16* xr, bool xok, int t) {
+  __device__ static void unit(float (&acc)[4], const uint8_t* sm, int oA, int oB, int, const bf16* xr, int t) {
+    const bf16* const xq = xr + 8 * t;  // this lane's x (token g) at the unit's first element
     const uint4 hA = lds128(sm, oA), hB = lds128(sm, oB);
     uint32_t scA[2], mnA[2], scB[2], mnB[2];
     kscales(hA, scA, mnA);
@@ -181,7 +197,7 @@ struct GK45 {
     sfor<0, 8>([&](auto jc) {
       constexpr int j = decltype(jc)::value, c = j / 2, sh = 4 * (j % 2);
       const uint2 qA = lds64(sm, oA + QS + 32 * c + 8 * t), qB = lds64(sm, oB + QS + 32 * c + 8 * t);
-      const uint4 xv = ldx16(xr + 32 * j + 8 * t, xok);
+      const uint4 xv = ldx16(xq + 32 * j);
       uint32_t vA0 = (qA.x >> sh) & 0x0F0F0F0Fu, vA1 = (qA.y >> sh) & 0x0F0F0F0Fu;
       uint32_t vB0 = (qB.x >> sh) & 0x0F0F0F0Fu, vB1 = (qB.y >> sh) & 0x0F0F0F0Fu;
       if constexpr (Q5) {
@@ -195,8 +211,8 @@ struct GK45 {
       cvt4<0>(vB0, a1, a3);
       cvt4<0>(vA1, b0, b2);
       cvt4<0>(vB1, b1, b3);
-      float cq[4] = {0.f, 0.f, 0.f, 0.f};
-      mma(cq, a0, a1, a2, a3, xv.x, xv.y);
+      float cq[4];
+      mma0(cq, a0, a1, a2, a3, xv.x, xv.y);
       mma(cq, b0, b1, b2, b3, xv.z, xv.w);
       const float sa = bytef<j % 4, 0>(scA[j / 4]), sb = bytef<j % 4, 0>(scB[j / 4]);
       blk[0] = fmaf(sa, cq[0], blk[0]);
@@ -216,7 +232,7 @@ typedef GK45<true> GQ5_K;
 // Q6_K: 16 groups j of 16 (int8 scale); group j = 8n + 2tq + h holds elements l = 16h .. 16h+15
 // of quarter tq of half n: low nibbles of ql[64n + 32(tq%2) + l] (high nibbles for tq >= 2), bits
 // 2tq of qh[32n + l]. Lane t: l = 16h + 4t .. +3, one MMA per group; x = 8 bytes at 16j + 4t.
-// Blocks are 2-byte aligned: every word is read with lds32u.
+// Blocks are 2-byte aligned: every word is read with ldu.
 struct GQ6_K {
   static constexpr int BE = 256, BB = 210, UE = 256, ALIGN = 2;
   template <int TQ>
@@ -226,29 +242,31 @@ struct GQ6_K {
     else if constexpr (TQ == 2) return ((w0 >> 4) & 0x0F0F0F0Fu) | (q & 0x30303030u);
     else return ((w1 >> 4) & 0x0F0F0F0Fu) | ((q >> 2) & 0x30303030u);
   }
-  __device__ static void unit(float (&acc)[4], const uint8_t* sm, int oA, int oB, int, const bf16* xr, bool xok, int t) {
+  __device__ static void unit(float (&acc)[4], const uint8_t* sm, int oA, int oB, int, const bf16* xr, int t) {
+    const bf16* const xq = xr + 4 * t;  // this lane's x (token g) at the unit's first element
+    const Ua uA = ua(oA), uB = ua(oB);
     uint32_t sA[4], sB[4];  // int8 scales + 128, four per word
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      sA[i] = lds32u(sm, oA + 192 + 4 * i) ^ 0x80808080u;
-      sB[i] = lds32u(sm, oB + 192 + 4 * i) ^ 0x80808080u;
+      sA[i] = ldu(sm, uA, 192 + 4 * i) ^ 0x80808080u;
+      sB[i] = ldu(sm, uB, 192 + 4 * i) ^ 0x80808080u;
     }
     float blk[4] = {0.f, 0.f, 0.f, 0.f};
     sfor<0, 4>([&](auto nhc) {
       constexpr int n = decltype(nhc)::value / 2, h = decltype(nhc)::value % 2;
       constexpr int o = 64 * n + 16 * h;
-      const uint32_t w0A = lds32u(sm, oA + o + 4 * t), w1A = lds32u(sm, oA + o + 32 + 4 * t);
-      const uint32_t qA = lds32u(sm, oA + 128 + 32 * n + 16 * h + 4 * t);
-      const uint32_t w0B = lds32u(sm, oB + o + 4 * t), w1B = lds32u(sm, oB + o + 32 + 4 * t);
-      const uint32_t qB = lds32u(sm, oB + 128 + 32 * n + 16 * h + 4 * t);
+      const uint32_t w0A = ldu(sm, uA, o + 4 * t), w1A = ldu(sm, uA, o + 32 + 4 * t);
+      const uint32_t qA = ldu(sm, uA, 128 + 32 * n + 16 * h + 4 * t);
+      const uint32_t w0B = ldu(sm, uB, o + 4 * t), w1B = ldu(sm, uB, o + 32 + 4 * t);
+      const uint32_t qB = ldu(sm, uB, 128 + 32 * n + 16 * h + 4 * t);
       sfor<0, 4>([&](auto tqc) {
         constexpr int tq = decltype(tqc)::value, j = 8 * n + 2 * tq + h;
-        const uint2 xv = ldx8(xr + 16 * j + 4 * t, xok);
+        const uint2 xv = ldx8(xq + 16 * j);
         uint32_t a0, a1, a2, a3;
         cvt4<32>(q6<tq>(w0A, w1A, qA), a0, a2);
         cvt4<32>(q6<tq>(w0B, w1B, qB), a1, a3);
-        float cq[4] = {0.f, 0.f, 0.f, 0.f};
-        mma(cq, a0, a1, a2, a3, xv.x, xv.y);
+        float cq[4];
+        mma0(cq, a0, a1, a2, a3, xv.x, xv.y);
         const float sa = bytef<j % 4, 128>(sA[j / 4]), sb = bytef<j % 4, 128>(sB[j / 4]);
         blk[0] = fmaf(sa, cq[0], blk[0]);
         blk[1] = fmaf(sa, cq[1], blk[1]);
@@ -264,7 +282,8 @@ struct GQ6_K {
 // is bits 2s of qs[32n + l]. Lane t: l = 16h + 4t .. +3; x = 8 bytes at 16j + 4t.
 struct GQ2_K {
   static constexpr int BE = 256, BB = 84, UE = 256, ALIGN = 4;
-  __device__ static void unit(float (&acc)[4], const uint8_t* sm, int oA, int oB, int, const bf16* xr, bool xok, int t) {
+  __device__ static void unit(float (&acc)[4], const uint8_t* sm, int oA, int oB, int, const bf16* xr, int t) {
+    const bf16* const xq = xr + 4 * t;  // this lane's x (token g) at the unit's first element
     uint32_t scA[4], mnA[4], scB[4], mnB[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -280,12 +299,12 @@ struct GQ2_K {
       const uint32_t wA = lds32(sm, oA + 16 + 32 * n + 16 * h + 4 * t), wB = lds32(sm, oB + 16 + 32 * n + 16 * h + 4 * t);
       sfor<0, 4>([&](auto sc_) {
         constexpr int s = decltype(sc_)::value, j = 8 * n + 2 * s + h;
-        const uint2 xv = ldx8(xr + 16 * j + 4 * t, xok);
+        const uint2 xv = ldx8(xq + 16 * j);
         uint32_t a0, a1, a2, a3;
         cvt4<0>((wA >> (2 * s)) & 0x03030303u, a0, a2);
         cvt4<0>((wB >> (2 * s)) & 0x03030303u, a1, a3);
-        float cq[4] = {0.f, 0.f, 0.f, 0.f};
-        mma(cq, a0, a1, a2, a3, xv.x, xv.y);
+        float cq[4];
+        mma0(cq, a0, a1, a2, a3, xv.x, xv.y);
         const float sa = bytef<j % 4, 0>(scA[j / 4]), sb = bytef<j % 4, 0>(scB[j / 4]);
         blk[0] = fmaf(sa, cq[0], blk[0]);
         blk[1] = fmaf(sa, cq[1], blk[1]);
@@ -303,30 +322,32 @@ struct GQ2_K {
 // 6-bit signed scales (−32) packed in 12 bytes. Lane t: l = 16h + 4t .. +3. 2-byte aligned.
 struct GQ3_K {
   static constexpr int BE = 256, BB = 110, UE = 256, ALIGN = 2;
-  __device__ static __forceinline__ void scales(const uint8_t* sm, int o, uint32_t (&sw)[4]) {
-    const uint32_t b0 = lds32u(sm, o + 96), b1 = lds32u(sm, o + 100), b2 = lds32u(sm, o + 104);
+  __device__ static __forceinline__ void scales(const uint8_t* sm, Ua u, uint32_t (&sw)[4]) {
+    const uint32_t b0 = ldu(sm, u, 96), b1 = ldu(sm, u, 100), b2 = ldu(sm, u, 104);
     sw[0] = (b0 & 0x0F0F0F0Fu) | ((b2 << 4) & 0x30303030u);         // groups 0..3
     sw[1] = (b1 & 0x0F0F0F0Fu) | ((b2 << 2) & 0x30303030u);         // 4..7
     sw[2] = ((b0 >> 4) & 0x0F0F0F0Fu) | (b2 & 0x30303030u);         // 8..11
     sw[3] = ((b1 >> 4) & 0x0F0F0F0Fu) | ((b2 >> 2) & 0x30303030u);  // 12..15
   }
-  __device__ static void unit(float (&acc)[4], const uint8_t* sm, int oA, int oB, int, const bf16* xr, bool xok, int t) {
+  __device__ static void unit(float (&acc)[4], const uint8_t* sm, int oA, int oB, int, const bf16* xr, int t) {
+    const bf16* const xq = xr + 4 * t;  // this lane's x (token g) at the unit's first element
+    const Ua uA = ua(oA), uB = ua(oB);
     uint32_t swA[4], swB[4];
-    scales(sm, oA, swA);
-    scales(sm, oB, swB);
+    scales(sm, uA, swA);
+    scales(sm, uB, swB);
     float blk[4] = {0.f, 0.f, 0.f, 0.f};
     sfor<0, 4>([&](auto nhc) {
       constexpr int n = decltype(nhc)::value / 2, h = decltype(nhc)::value % 2;
-      const uint32_t wA = lds32u(sm, oA + 32 + 32 * n + 16 * h + 4 * t), wB = lds32u(sm, oB + 32 + 32 * n + 16 * h + 4 * t);
-      const uint32_t mA = lds32u(sm, oA + 16 * h + 4 * t), mB = lds32u(sm, oB + 16 * h + 4 * t);
+      const uint32_t wA = ldu(sm, uA, 32 + 32 * n + 16 * h + 4 * t), wB = ldu(sm, uB, 32 + 32 * n + 16 * h + 4 * t);
+      const uint32_t mA = ldu(sm, uA, 16 * h + 4 * t), mB = ldu(sm, uB, 16 * h + 4 * t);
       sfor<0, 4>([&](auto sc_) {
         constexpr int s = decltype(sc_)::value, j = 8 * n + 2 * s + h;
-        const uint2 xv = ldx8(xr + 16 * j + 4 * t, xok);
+        const uint2 xv = ldx8(xq + 16 * j);
         uint32_t a0, a1, a2, a3;  // q + 4 = bits + 4·hmask bit (0..7)
         cvt4<4>(((wA >> (2 * s)) & 0x03030303u) | (((mA >> (4 * n + s)) & 0x01010101u) << 2), a0, a2);
         cvt4<4>(((wB >> (2 * s)) & 0x03030303u) | (((mB >> (4 * n + s)) & 0x01010101u) << 2), a1, a3);
-        float cq[4] = {0.f, 0.f, 0.f, 0.f};
-        mma(cq, a0, a1, a2, a3, xv.x, xv.y);
+        float cq[4];
+        mma0(cq, a0, a1, a2, a3, xv.x, xv.y);
         const float sa = bytef<j % 4, 32>(swA[j / 4]), sb = bytef<j % 4, 32>(swB[j / 4]);
         blk[0] = fmaf(sa, cq[0], blk[0]);
         blk[1] = fmaf(sa, cq[1], blk[1]);
@@ -344,19 +365,21 @@ struct GQ3_K {
 // 16 + 4t .. (MMA 2, x at 32b + 16 + 4t).
 struct GQ8_0 {
   static constexpr int BE = 32, BB = 34, UE = 128, ALIGN = 2;
-  __device__ static void unit(float (&acc)[4], const uint8_t* sm, int oA, int oB, int nb, const bf16* xr, bool xok, int t) {
+  __device__ static void unit(float (&acc)[4], const uint8_t* sm, int oA, int oB, int nb, const bf16* xr, int t) {
+    const bf16* const xq = xr + 8 * t;  // this lane's x (token g) at the unit's first element
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
       if (b < nb) {  // warp-uniform
         const int pa = oA + 34 * b, pb = oB + 34 * b;
-        const uint4 xv = ldx16(xr + 32 * b + 8 * t, xok);
+        const uint4 xv = ldx16(xq + 32 * b);
         uint32_t a0, a1, a2, a3, b0, b1, b2, b3;
-        cvt_i8x4(lds32u(sm, pa + 2 + 8 * t), a0, a2);
-        cvt_i8x4(lds32u(sm, pb + 2 + 8 * t), a1, a3);
-        cvt_i8x4(lds32u(sm, pa + 6 + 8 * t), b0, b2);
-        cvt_i8x4(lds32u(sm, pb + 6 + 8 * t), b1, b3);
-        float cq[4] = {0.f, 0.f, 0.f, 0.f};
-        mma(cq, a0, a1, a2, a3, xv.x, xv.y);
+        const Ua qa = ua(pa + 2), qb = ua(pb + 2);  // qs
+        cvt_i8x4(ldu(sm, qa, 8 * t), a0, a2);
+        cvt_i8x4(ldu(sm, qb, 8 * t), a1, a3);
+        cvt_i8x4(ldu(sm, qa, 8 * t + 4), b0, b2);
+        cvt_i8x4(ldu(sm, qb, 8 * t + 4), b1, b3);
+        float cq[4];
+        mma0(cq, a0, a1, a2, a3, xv.x, xv.y);
         mma(cq, b0, b1, b2, b3, xv.z, xv.w);
         scale_add(acc, cq, kgguf::h2f(lds16(sm, pa)), kgguf::h2f(lds16(sm, pb)));
       }
@@ -371,21 +394,24 @@ struct G32 {
   static constexpr int ALIGN = MIN ? (Q5 ? 8 : 4) : 2;
   static constexpr int QH = MIN ? 4 : 2, QS = QH + (Q5 ? 4 : 0);  // byte offsets of qh, qs
   static constexpr int OFF = MIN ? 0 : (Q5 ? 16 : 8);            // q − OFF
-  __device__ static __forceinline__ uint32_t ld(const uint8_t* sm, int o) {
-    if constexpr (ALIGN >= 4) return lds32(sm, o);
-    else return lds32u(sm, o);
+  // The word at c (c % 4 == 0) past byte QH of a block, u = ua(block + QH) (4-aligned when ALIGN >= 4).
+  __device__ static __forceinline__ uint32_t ldw(const uint8_t* sm, Ua u, int c) {
+    if constexpr (ALIGN >= 4) return lds32(sm, u.base + c);
+    else return ldu(sm, u, c);
   }
-  __device__ static void unit(float (&acc)[4], const uint8_t* sm, int oA, int oB, int nb, const bf16* xr, bool xok, int t) {
+  __device__ static void unit(float (&acc)[4], const uint8_t* sm, int oA, int oB, int nb, const bf16* xr, int t) {
+    const bf16* const xq = xr + 4 * t;  // this lane's x (token g) at the unit's first element
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
       if (b < nb) {  // warp-uniform
         const int pa = oA + BB * b, pb = oB + BB * b;
-        const uint2 x0 = ldx8(xr + 32 * b + 4 * t, xok), x1 = ldx8(xr + 32 * b + 16 + 4 * t, xok);
-        const uint32_t wA = ld(sm, pa + QS + 4 * t), wB = ld(sm, pb + QS + 4 * t);
+        const uint2 x0 = ldx8(xq + 32 * b), x1 = ldx8(xq + 32 * b + 16);
+        const Ua ua_ = ua(pa + QH), ub_ = ua(pb + QH);
+        const uint32_t wA = ldw(sm, ua_, QS - QH + 4 * t), wB = ldw(sm, ub_, QS - QH + 4 * t);
         uint32_t loA = wA & 0x0F0F0F0Fu, hiA = (wA >> 4) & 0x0F0F0F0Fu;
         uint32_t loB = wB & 0x0F0F0F0Fu, hiB = (wB >> 4) & 0x0F0F0F0Fu;
         if constexpr (Q5) {
-          const uint32_t hA = ld(sm, pa + QH), hB = ld(sm, pb + QH);
+          const uint32_t hA = ldw(sm, ua_, 0), hB = ldw(sm, ub_, 0);
           loA |= spread4(hA >> (4 * t));
           hiA |= spread4(hA >> (16 + 4 * t));
           loB |= spread4(hB >> (4 * t));
@@ -396,13 +422,13 @@ struct G32 {
         cvt4<OFF>(loB, a1, a3);
         cvt4<OFF>(hiA, b0, b2);
         cvt4<OFF>(hiB, b1, b3);
-        float cq[4] = {0.f, 0.f, 0.f, 0.f};
-        mma(cq, a0, a1, a2, a3, x0.x, x0.y);
+        float cq[4];
+        mma0(cq, a0, a1, a2, a3, x0.x, x0.y);
         mma(cq, b0, b1, b2, b3, x1.x, x1.y);
         if constexpr (MIN) {
           const uint32_t dmA = lds32(sm, pa), dmB = lds32(sm, pb);  // d | m << 16
-          float sx[4] = {0.f, 0.f, 0.f, 0.f};                      // Σx per token (A = 1)
-          mma(sx, kOne2, kOne2, kOne2, kOne2, x0.x, x0.y);
+          float sx[4];  // Σx per token (A = 1)
+          mma0(sx, kOne2, kOne2, kOne2, kOne2, x0.x, x0.y);
           mma(sx, kOne2, kOne2, kOne2, kOne2, x1.x, x1.y);
           scale_add(acc, cq, kgguf::h2f(dmA & 0xffffu), kgguf::h2f(dmB & 0xffffu));
           scale_add(acc, sx, kgguf::h2f(dmA >> 16), kgguf::h2f(dmB >> 16));
@@ -428,7 +454,7 @@ struct Geo {
   static constexpr int SROW = 16 * PIECES;                   // bytes per row in a stage
   static constexpr int STAGE = kRows * SROW;
   static constexpr int RING = NST * STAGE;                   // one warp's ring
-  static constexpr int SMEM = WARPS * RING + 16;             // + 16: lds32u may read one word past a row
+  static constexpr int SMEM = WARPS * RING + 16;             // + 16: ldu may read one word past a row
   static_assert(RING >= 4 * 32 * 4, "a warp's ring holds its reduction slice");
 };
 template <int BYTES>
@@ -478,8 +504,7 @@ __device__ __forceinline__ void gemv_gguf(const bf16* __restrict__ x, const uint
     }
     if (m0 == 0) kgemm::pdl_wait();  // x is the previous kernel's output; W is not
     const int tok = m0 + g;
-    const bool xok = tok < M;
-    const bf16* xrow = x + static_cast<long long>(xok ? tok : 0) * K;
+    const bf16* xrow = x + static_cast<long long>(tok < M ? tok : 0) * K;  // rows >= M: any valid row
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int i = 0;; ++i) {
       const int u = warp + i * WARPS;
@@ -491,7 +516,7 @@ __device__ __forceinline__ void gemv_gguf(const bf16* __restrict__ x, const uint
       __syncwarp();               // ... and every lane's
       const int st = ring + (i % NST) * G::STAGE, uo = u * G::UB;
       T::unit(acc, sm, st + g * G::SROW + ((offA + uo) & 15), st + (g + 8) * G::SROW + ((offB + uo) & 15),
-              min(G::UBLK, nblk - u * G::UBLK), xrow + static_cast<long long>(u) * T::UE, xok, t);
+              min(G::UBLK, nblk - u * G::UBLK), xrow + static_cast<long long>(u) * T::UE, t);
       __syncwarp();  // the stage is read before it is refilled
     }
     if (m0 + 8 >= M) kgemm::pdl_launch_dependents();
