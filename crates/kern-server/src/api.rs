@@ -174,6 +174,9 @@ fn submit(s: &Shared, prompts: &[Vec<u32>], c: &Common, max_tokens: &dyn Fn(usiz
 /// Compiles a request's grammar on the blocking pool (never on the async workers, never in the
 /// engine loop); its problems are 400s naming the field it came from.
 async fn compile(s: &Shared, r: Requested, (start_after, opens_with): (Vec<u32>, Option<u32>)) -> ApiResult<Constraint> {
+    if s.engine.grammars().is_none() {
+        return Err(ApiError::unavailable("the model is still loading: retry shortly", 5));
+    }
     let engine = s.engine.clone();
     let g = r.grammar;
     let compiled = tokio::task::spawn_blocking(move || engine.compile(&g)).await.map_err(|e| ApiError::internal(format!("compiling the grammar: {e}")))?;

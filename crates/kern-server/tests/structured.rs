@@ -132,9 +132,11 @@ fn thinking_rule() -> Rule {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn response_formats_and_structured_outputs_constrain_chat_and_completions() {
     let s = server(hash_rule(VOCAB)).await;
+    // This fake model does not reason: thinking off, or its first token could open a block.
+    let off = json!({"enable_thinking": false});
     let schema = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "population": {"type": "integer", "minimum": 0}, "capital": {"type": "boolean"}}, "required": ["city", "population", "capital"], "additionalProperties": false});
     for stream in [false, true] {
-        let body = json!({"messages": user("A city as JSON"), "max_tokens": 300, "stream": stream, "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": true}}});
+        let body = json!({"messages": user("A city as JSON"), "seed": 7, "max_tokens": 300, "stream": stream, "chat_template_kwargs": off, "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": true}}});
         let text = if stream {
             s.stream(body).await.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_string)).collect::<String>()
         } else {
@@ -145,23 +147,23 @@ async fn response_formats_and_structured_outputs_constrain_chat_and_completions(
         };
         validate(&schema, &text);
     }
-    let (st, v) = s.post("/v1/chat/completions", json!({"messages": user("JSON please"), "max_tokens": 200, "response_format": {"type": "json_object"}})).await;
+    let (st, v) = s.post("/v1/chat/completions", json!({"messages": user("JSON please"), "seed": 7, "max_tokens": 200, "chat_template_kwargs": off, "response_format": {"type": "json_object"}})).await;
     assert_eq!(st, 200, "{v}");
     assert!(serde_json::from_str::<Value>(v["choices"][0]["message"]["content"].as_str().unwrap()).unwrap().is_object());
     // Completions take the same fields, and vLLM's structured_outputs.
-    let (st, v) = s.post("/v1/completions", json!({"prompt": "Pick:", "max_tokens": 20, "n": 3, "structured_outputs": {"choice": ["alpha", "beta gamma"]}})).await;
+    let (st, v) = s.post("/v1/completions", json!({"prompt": "Pick:", "seed": 7, "max_tokens": 20, "n": 3, "structured_outputs": {"choice": ["alpha", "beta gamma"]}})).await;
     assert_eq!(st, 200, "{v}");
     for c in v["choices"].as_array().unwrap() {
         assert!(["alpha", "beta gamma"].contains(&c["text"].as_str().unwrap()), "{c}");
     }
-    let (st, v) = s.post("/v1/completions", json!({"prompt": "Date:", "max_tokens": 30, "structured_outputs": {"regex": "20[0-9]{2}-(0[1-9]|1[0-2])-[0-2][0-9]"}})).await;
+    let (st, v) = s.post("/v1/completions", json!({"prompt": "Date:", "seed": 7, "max_tokens": 30, "structured_outputs": {"regex": "20[0-9]{2}-(0[1-9]|1[0-2])-[0-2][0-9]"}})).await;
     assert_eq!(st, 200, "{v}");
     let d = v["choices"][0]["text"].as_str().unwrap();
     assert!(d.len() == 10 && d.starts_with("20") && d.as_bytes()[4] == b'-', "{d}");
-    let (st, v) = s.post("/v1/completions", json!({"prompt": "x", "max_tokens": 100, "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}})).await;
+    let (st, v) = s.post("/v1/completions", json!({"prompt": "x", "seed": 7, "max_tokens": 100, "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}})).await;
     assert_eq!(st, 200, "{v}");
     validate(&schema, v["choices"][0]["text"].as_str().unwrap());
-    let (st, v) = s.post("/v1/completions", json!({"prompt": "x", "max_tokens": 40, "structured_outputs": {"grammar": "start: \"yes\" | \"no\""}})).await;
+    let (st, v) = s.post("/v1/completions", json!({"prompt": "x", "seed": 7, "max_tokens": 40, "structured_outputs": {"grammar": "start: \"yes\" | \"no\""}})).await;
     assert_eq!((st, v["choices"][0]["text"].as_str().map(|t| t == "yes" || t == "no")), (200, Some(true)), "{v}");
 }
 
