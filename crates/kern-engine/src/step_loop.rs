@@ -546,13 +546,14 @@ impl<'t> Loop<'t> {
         }
     }
 
-    /// Fails every request in flight with `msg`, then the engine (a step's failure is sticky).
+    /// Fails the engine (a step's failure is sticky), then every request in flight with `msg` —
+    /// in that order, so a client that sees its request fail finds the engine failed too.
     fn fail_all(mut self, msg: String) {
+        crate::engine::fail(self.inner, msg.clone());
         for (_, lv) in self.live.drain() {
             self.inner.pending.fetch_sub(1, Ordering::Relaxed);
             lv.send(Event::Failed(msg.clone()));
         }
-        crate::engine::fail(self.inner, msg);
     }
 
     fn publish(&self) {
