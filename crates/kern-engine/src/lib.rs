@@ -11,6 +11,7 @@
 pub mod bench;
 pub mod constraint;
 mod engine;
+mod mask_phase;
 pub mod fake;
 pub mod gpu;
 pub mod profile;

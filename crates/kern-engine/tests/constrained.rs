@@ -208,3 +208,23 @@ fn token_bytes_equal_llguidance_s_own_tokenizer_json_reader() {
     let diff: Vec<usize> = (0..ours.len()).filter(|&i| ours[i] != theirs[i]).collect();
     assert!(diff.is_empty(), "{} tokens differ, e.g. {:?}", diff.len(), diff.iter().take(5).map(|&i| (i, &ours[i], &theirs[i])).collect::<Vec<_>>());
 }
+
+#[test]
+fn whitespace_in_json_is_capped_even_for_a_model_that_wants_only_whitespace() {
+    // A model that prefers whitespace over everything (the runaway that pads JSON until
+    // max_tokens): the grammar allows at most 20 whitespace characters between two tokens, so
+    // the output still ends, valid.
+    let tok = qwen3();
+    let mut preferred: Vec<u32> = [" ", "\n", "\t", "  ", "\n\n", "    "].iter().map(|s| tok.encode(s, false).unwrap()[0]).collect();
+    preferred.extend(closers(&tok));
+    let e = start(FakeModel::new(info(8), hash_rule(VOCAB)).with_preferred(preferred), EngineConfig::default());
+    let s: Value = serde_json::from_str(PERSON).unwrap();
+    for i in 0..4u32 {
+        let (text, toks, reason) = run(request(&e, vec![40 + i], &schema(s.clone()), Sampling::default(), vec![]));
+        assert_eq!(reason, FinishReason::Stop, "{} tokens: {text:?}", toks.len());
+        check_json(&s, &text);
+        let longest = text.split(|c: char| !c.is_whitespace()).map(str::len).max().unwrap_or(0);
+        assert!(longest <= 20, "a whitespace run of {longest}: {text:?}");
+        assert!(longest >= 4, "the model did pad: {text:?}");
+    }
+}
