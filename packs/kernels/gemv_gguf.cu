@@ -481,12 +481,13 @@ __device__ __forceinline__ void gemv_gguf(const bf16* __restrict__ x, const uint
   const int cr = lane >> 1, ci = lane & 1;
   const bool crow_ok = n0 + cr < N;
   const uint8_t* const crow = W + static_cast<long long>(crow_ok ? n0 + cr : 0) * rowB;
+  const kgguf::saddr_t cdst = kgguf::saddr(sm) + (ring + cr * G::SROW);  // row cr in stage 0
   auto issue = [&](int u, int st) {  // unit u of the 16 rows (those < N) into stage st
     if (!crow_ok) return;
     const uint8_t* s = crow + static_cast<long long>(u) * G::UB;
     const uint8_t* e = s + min(G::UBLK, nblk - u * G::UBLK) * T::BB;
     const uint8_t* a = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(s) & ~static_cast<uintptr_t>(15));
-    uint8_t* d = sm + ring + st * G::STAGE + cr * G::SROW;
+    const kgguf::saddr_t d = cdst + st * G::STAGE;
 #pragma unroll
     for (int i = ci; i < G::PIECES; i += 2)
       if (a + 16 * i < e) kgguf::cp16(d + 16 * i, a + 16 * i);

@@ -55,9 +55,11 @@ __device__ __forceinline__ float fmul(float a, float b) { return __fmul_rn(a, b)
 __device__ __forceinline__ float fadd(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ float fsub(float a, float b) { return __fsub_rn(a, b); }
 // 16-byte global → shared copy (cp.async.cg: L2 only, the weights are read once; L2 fetches
-// 256-byte granules, as gemm_skinny's weight loads ask).
-__device__ __forceinline__ void cp16(void* smem, const void* gmem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+// 256-byte granules, as gemm_skinny's weight loads ask). The destination is a shared-window
+// address (saddr of the array once, then integer offsets: no address conversion per copy).
+typedef uint32_t saddr_t;
+__device__ __forceinline__ saddr_t saddr(void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void cp16(saddr_t s, const void* gmem) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

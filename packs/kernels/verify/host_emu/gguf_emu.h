@@ -47,7 +47,9 @@ inline float gpu_nan(float r) { return r != r ? u2f(0x7fffffffu) : r; }
 inline float fmul(float a, float b) { return gpu_nan(a * b); }
 inline float fadd(float a, float b) { return gpu_nan(a + b); }
 inline float fsub(float a, float b) { return gpu_nan(a - b); }
-inline void cp16(void* smem, const void* gmem) { std::memcpy(smem, gmem, 16); }
+typedef uint8_t* saddr_t;  // the device's shared-window address: here a pointer
+inline saddr_t saddr(void* p) { return static_cast<uint8_t*>(p); }
+inline void cp16(saddr_t smem, const void* gmem) { std::memcpy(smem, gmem, 16); }
 inline void cp_commit() {}
 template <int N>
 inline void cp_wait() {}
