@@ -44,7 +44,7 @@ pub struct EngineConfig {
     /// Keep a record of every step (`Engine::step_records`) and measure the copy bandwidth at
     /// start (`EngineInfo::copy_gbs`): for benchmarks.
     pub record_steps: bool,
-    /// Threads computing constrained requests' token masks (0: one per core, at most 8).
+    /// Threads computing constrained requests' token masks (0: one per core but one, at most 16).
     pub mask_threads: usize,
     /// Bounds on compiling a request's grammar.
     pub grammar_limits: GrammarLimits,

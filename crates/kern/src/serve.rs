@@ -71,7 +71,7 @@ pub struct Args {
     /// chat template writes `<think>` blocks), `think`, or `none`.
     #[arg(long, default_value = "auto", value_name = "auto|think|none")]
     reasoning_parser: String,
-    /// Threads computing constrained requests' token masks (0: one per core, at most 8).
+    /// Threads computing constrained requests' token masks (0: one per core but one, at most 16).
     #[arg(long, default_value_t = 0)]
     mask_threads: usize,
     /// Seconds a request's grammar (JSON Schema, regex, Lark) may take to compile before the

@@ -54,10 +54,10 @@ pub struct MaskPool {
 }
 
 impl MaskPool {
-    /// `threads` workers (0: one per core, at most 8 — masks of a typical grammar take tens
-    /// of microseconds, and more threads than constrained rows only wait).
+    /// `threads` workers (0: one per core but one — the engine thread's — at most 16: a batch of
+    /// 64 constrained rows at a few hundred microseconds a mask wants them all).
     pub fn new(threads: usize) -> MaskPool {
-        let n = if threads == 0 { std::thread::available_parallelism().map_or(2, |n| n.get()).min(8) } else { threads };
+        let n = if threads == 0 { std::thread::available_parallelism().map_or(2, |n| n.get()).saturating_sub(1).clamp(1, 16) } else { threads };
         let pool = rayon::ThreadPoolBuilder::new().num_threads(n).thread_name(|i| format!("kern-mask-{i}")).build().expect("starting the mask threads");
         MaskPool { pool }
     }
