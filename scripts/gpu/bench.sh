@@ -15,7 +15,10 @@
 # and packs, reused when already there), OUT (/tmp/kern-out: results in $OUT/bench, the table in
 # $OUT/bench/table.md, the rewritten doc in $OUT/bench/performance.md), PEER (torch_peer.py;
 # searched in .carry/, ../shared/peers/, shared/peers/), PEER_MODES ("graph"; "graph compile"
-# adds torch.compile, 15-200 s per row), ROWS (row ids to run, default all: see `plan`),
+# adds torch.compile, 15-200 s per row), ROWS (row ids to run, default all: see `plan`; ROWS=families:
+# issue 24's Llama-3.1-8B batch 1 / 64 and Gemma-3-4B batch 1 rows only, with NO_DOC=1 unless
+# DOC=1 — their peer is scripts/gpu/torch_peer_families.py, their target the matching Qwen row's
+# fraction of the floor, from this run or docs/performance.md),
 # REPEAT (3: runs of the prefill and start-to-ready rows, median taken), STEPS (128 decode steps
 # timed after 8 warm-up), NO_PROFILE=1, NO_PEER=1, NO_DOC=1 (do not rewrite docs/performance.md).
 #
@@ -72,6 +75,11 @@ command -v python3 >/dev/null || die "python3 is needed (the table, the start-to
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || die "no NVIDIA GPU visible (nvidia-smi -L failed)"
 mkdir -p "$W" "$R"
 plan=$($TABLE plan) || die "scripts/gpu/bench_table.py plan failed"
+if [[ ${ROWS:-} == families ]]; then
+  ROWS=$($TABLE plan --families | cut -d' ' -f1 | tr '\n' ' ' | sed 's/ $//')
+  [[ -n ${DOC:-} ]] || NO_DOC=1
+  log "ROWS=families: $ROWS (NO_DOC=${NO_DOC:-})"
+fi
 if [[ -n ${ROWS:-} ]]; then
   for id in $ROWS; do grep -q "^$id " <<<"$plan" || die "ROWS: no row '$id' (rows: $(cut -d' ' -f1 <<<"$plan" | tr '\n' ' '))"; done
   plan=$(grep -E "^($(tr ' ' '|' <<<"$ROWS")) " <<<"$plan")
@@ -82,7 +90,8 @@ log "GPU: $(cat "$R/gpu.txt")"
 
 peer=""
 if [[ -z ${NO_PEER:-} ]]; then
-  for p in "${PEER:-}" .carry/torch_peer.py ../shared/peers/torch_peer.py shared/peers/torch_peer.py; do
+  # The last one (Llama / Gemma 3 only) serves issue 24's rows when torch_peer.py is not carried.
+  for p in "${PEER:-}" .carry/torch_peer.py ../shared/peers/torch_peer.py shared/peers/torch_peer.py scripts/gpu/torch_peer_families.py; do
     [[ -n $p && -f $p ]] && { peer=$p; break; }
   done
   if [[ -z $peer ]]; then

@@ -2,8 +2,9 @@
 """The performance table of issue 15 (scripts/gpu/bench.sh; docs/performance.md). Standard library
 only (but for `peer`, which runs the PyTorch peer), so the table builds anywhere:
 
-  bench_table.py plan                      the rows bench.sh measures, one per line:
+  bench_table.py plan [--families]         the rows bench.sh measures, one per line:
                                            id preset pack kind batch context prompt_tokens
+                                           (--families: only issue 24's Llama / Gemma 3 rows)
   bench_table.py ready --kern K --model D  start `kern serve`, time it to /health 200, stop it;
                                            prints {"ready_s": ...}
   bench_table.py peer --peer torch_peer.py --model qwen3-4b --batch 64 --prompt 256 --mode graph
@@ -14,13 +15,22 @@ only (but for `peer`, which runs the PyTorch peer), so the table builds anywhere
                                            reads what bench.sh wrote into RESULTS and prints the
                                            table (kern vs peer vs floor, target, met?) and the
                                            top five ops of each row; --doc rewrites the part of
-                                           the document between the bench markers
+                                           the document between the bench markers; --ref-doc
+                                           (default docs/performance.md) gives the Qwen rows'
+                                           fractions of the floor when this run has none
+  bench_table.py selftest                  the table logic on constructed results
 
 RESULTS holds, per row id: kern-ID.N.json (`kern bench --json`, one run each; the median run
 counts), peer-ID-MODE.json (`peer`), profile-ID.json (`kern profile --json`),
 ready-ID.N.json (`ready`); a FILE.err beside any of them says why it is missing ("failed …",
 "not run …": bench.sh writes it). A row without
 numbers reads "not yet measured": nothing here is ever filled in by hand.
+
+Issue 24's rows (Llama-3.1-8B batch 1 and 64, Gemma-3-4B batch 1) are judged by the floor: their
+target is kern's fraction of the floor at or above the matching Qwen row's (Qwen3-8B batch 1,
+Qwen3-4B batch 64, Qwen3-4B batch 1), measured in the same run or else read from --ref-doc. Their
+peer is scripts/gpu/torch_peer_families.py (the same gpt-fast-style decoder for Llama and
+Gemma 3), taken when torch_peer.py has no such model.
 
 The peer is ../shared/peers/torch_peer.py used as it is, called in-process because its command
 line fixes the prompt at 128 tokens while its run() takes the length. Decode: its run() (eager
@@ -37,9 +47,10 @@ BF16_PEAK_TFLOPS = float(os.environ.get("BF16_PEAK_TFLOPS", "989.4"))
 
 
 class Row:
-    def __init__(self, id, measure, preset, pack, kind, target, batch=1, context=128, prompt_tokens=0):
+    def __init__(self, id, measure, preset, pack, kind, target, batch=1, context=128, prompt_tokens=0, families=False):
         self.id, self.measure, self.preset, self.pack, self.kind = id, measure, preset, pack, kind
         self.target, self.batch, self.context, self.prompt_tokens = target, batch, context, prompt_tokens
+        self.families = families
 
 
 # The targets of issue 15 (H200, bf16, random weights). target = (kind, value): max_ms (decode
@@ -51,13 +62,53 @@ ROWS = [
     Row("8b-b1", "Qwen3-8B batch-1 decode step", "qwen3-8b", "decode", "decode", ("max_ms", 4.6)),
     Row("4b-prefill", "Qwen3-4B prefill, one 8,192-token prompt", "qwen3-4b", "prefill", "prefill", ("min_peak", 0.60), context=0, prompt_tokens=8192),
     Row("4b-ready", "Qwen3-4B start to ready, weights in the page cache", "qwen3-4b", "decode", "ready", ("max_s", 5.0), context=0),
+    # Issue 24: other families at the Qwen rows' fraction of the floor (min_frac_of: the row id).
+    Row("llama8b-b1", "Llama-3.1-8B batch-1 decode step", "llama-3.1-8b", "decode", "decode", ("min_frac_of", "8b-b1"), families=True),
+    Row("llama8b-b64", "Llama-3.1-8B batch-64 decode step, 256-token contexts", "llama-3.1-8b", "decode", "decode", ("min_frac_of", "4b-b64"),
+        batch=64, context=256, families=True),
+    Row("gemma4b-b1", "Gemma-3-4B batch-1 decode step", "gemma-3-4b", "decode", "decode", ("min_frac_of", "4b-b1"), families=True),
 ]
+ROW_BY_ID = {r.id: r for r in ROWS}
 PEER_MODES = ("graph", "compile")
 
 
-def target_text(t):
+def target_text(t, ref=None):
     kind, v = t
+    if kind == "min_frac_of":
+        r = ROW_BY_ID[v]
+        return f"≥ {r.measure.split(' decode')[0]}'s fraction of floor" + (f" ({ref[0]:.0%}, {ref[1]})" if ref else "")
     return {"max_ms": f"≤ {v:.2f} ms", "min_peak": f"≥ {v:.0%} of bf16 peak", "max_s": f"≤ {v:g} s"}[kind]
+
+
+def doc_fractions(doc):
+    """measure -> kern's fraction of the floor, from a performance.md table ("| measure | kern | …
+    | 59% of floor | …")."""
+    out = {}
+    try:
+        with open(doc) as f:
+            text = f.read()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 6 and cells[5].endswith("of floor"):
+            try:
+                out[cells[0]] = float(cells[5].split("%")[0]) / 100
+            except ValueError:
+                pass
+    return out
+
+
+def ref_fraction(results, ref_id, doc_fracs):
+    """(fraction, where) of row ref_id: this run's median kern run, else the document's."""
+    rs, _ = runs(results, f"kern-{ref_id}") if results else ([], None)
+    r = median_run(rs, "median_ms")
+    if r and isinstance(r.get("fraction_of_floor"), (int, float)):
+        return r["fraction_of_floor"], "this run"
+    m = ROW_BY_ID[ref_id].measure
+    if m in doc_fracs:
+        return doc_fracs[m], "performance.md"
+    return None
 
 
 def read_json(path):
@@ -141,11 +192,13 @@ def peer_cell(results, row, mode):
     return "no time in its output"
 
 
-def build(results, work):
+def build(results, work, ref_doc=None):
     """Rows of the table (dicts of cells) and each row's top-five ops."""
     table, tops = [], []
+    doc_fracs = doc_fractions(ref_doc) if ref_doc else {}
     for row in ROWS:
-        c = {"measure": row.measure, "target": target_text(row.target), "kern": None, "floor": "–", "fraction": "–", "met": None}
+        ref = ref_fraction(results, row.target[1], doc_fracs) if row.target[0] == "min_frac_of" else None
+        c = {"measure": row.measure, "target": target_text(row.target, ref), "kern": None, "floor": "–", "fraction": "–", "met": None}
         c["peer_graph"] = peer_cell(results, row, "graph") if row.kind != "ready" else "n/a"
         c["peer_compile"] = peer_cell(results, row, "compile") if row.kind == "decode" else "n/a"
         kind, goal = row.target
@@ -168,9 +221,13 @@ def build(results, work):
                 if isinstance(r.get("floor_ms"), (int, float)):
                     gbs = r.get("copy_gbs")
                     c["floor"] = ms(r["floor_ms"]) + (f" at {gbs / 1e3:.2f} TB/s" if isinstance(gbs, (int, float)) else "")
-                if isinstance(r.get("fraction_of_floor"), (int, float)):
-                    c["fraction"] = f"{r['fraction_of_floor']:.0%} of floor"
-                c["met"] = r["median_ms"] <= goal
+                frac = r.get("fraction_of_floor")
+                if isinstance(frac, (int, float)):
+                    c["fraction"] = f"{frac:.0%} of floor"
+                if kind == "min_frac_of":
+                    c["met"] = None if ref is None or not isinstance(frac, (int, float)) else frac >= ref[0]
+                else:
+                    c["met"] = r["median_ms"] <= goal
             else:  # prefill
                 n = r.get("prompt_tokens") or row.prompt_tokens
                 c["kern"] = f"{ms(r['median_ms'], 1)} ({r.get('tok_per_s', 0):,.0f} tok/s" + (f", median of {len(rs)})" if len(rs) > 1 else ")")
@@ -257,7 +314,7 @@ def write_doc(doc, text):
 def cmd_table(a):
     if a.results and not os.path.isdir(a.results):
         raise SystemExit(f"bench_table: {a.results} is not a directory")
-    table, tops = build(a.results or "", a.work)
+    table, tops = build(a.results or "", a.work, a.ref_doc)
     text = render(table, tops, a.results)
     print(text, end="")
     if a.out:
@@ -267,8 +324,10 @@ def cmd_table(a):
         write_doc(a.doc, text)
 
 
-def cmd_plan(_):
+def cmd_plan(a):
     for r in ROWS:
+        if getattr(a, "families", False) and not r.families:
+            continue
         print(r.id, r.preset, r.pack, r.kind, r.batch, r.context, r.prompt_tokens)
 
 
@@ -340,8 +399,11 @@ def peer_prefill(peer, name, n, reps):
 def cmd_peer(a):
     try:
         peer = load_peer(a.peer)
-        if a.model not in peer.CFG:
-            raise ValueError(f"the peer has no model {a.model!r} (it has {sorted(peer.CFG)})")
+        if a.model not in peer.CFG:  # Llama / Gemma 3: the same decoder for their shapes
+            fam = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peer_families.py")
+            peer = load_peer(fam)
+            if a.model not in peer.CFG:
+                raise ValueError(f"neither peer has a model {a.model!r} (they have {sorted(peer.CFG)})")
         if a.prefill:
             print(json.dumps(peer_prefill(peer, a.model, a.prefill, a.reps)), flush=True)
         else:
@@ -351,15 +413,66 @@ def cmd_peer(a):
         sys.exit(1)
 
 
+def selftest():
+    """The table on constructed results: the new rows judged against a Qwen row's fraction."""
+    import tempfile
+    n_ok = n_bad = 0
+
+    def check(name, cond):
+        nonlocal n_ok, n_bad
+        n_ok += bool(cond)
+        n_bad += not cond
+        if not cond:
+            print(f"selftest FAIL: {name}")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        res = os.path.join(tmp, "r")
+        os.makedirs(res)
+        doc = os.path.join(tmp, "perf.md")
+        with open(doc, "w") as f:
+            f.write("| measure | kern | p | c | floor | kern vs floor | target | met? |\n|---|---|---|---|---|---|---|---|\n"
+                    "| Qwen3-8B batch-1 decode step | 4.972 ms | x | x | 3.932 ms | 79% of floor | ≤ 4.60 ms | **no** |\n"
+                    "| Qwen3-4B batch-1 decode step | 3.274 ms | x | x | 1.941 ms | 59% of floor | ≤ 2.36 ms | **no** |\n")
+        check("fractions read from the document", doc_fractions(doc) == {"Qwen3-8B batch-1 decode step": 0.79, "Qwen3-4B batch-1 decode step": 0.59})
+
+        def kern_json(id, ms, frac):
+            with open(os.path.join(res, f"kern-{id}.1.json"), "w") as f:
+                f.write(json.dumps({"median_ms": ms, "p90_ms": ms * 1.01, "tok_per_s": 1000 / ms, "floor_ms": ms * frac,
+                                    "fraction_of_floor": frac, "copy_gbs": 4200.0}) + "\n")
+        kern_json("llama8b-b1", 5.0, 0.80)   # >= 79% (document): met
+        kern_json("gemma4b-b1", 3.0, 0.50)   # < 59% (document): not met
+        kern_json("4b-b64", 7.0, 0.38)       # this run's Qwen row
+        kern_json("llama8b-b64", 9.0, 0.40)  # >= 38% (this run): met
+        table, _ = build(res, None, doc)
+        by = {c["measure"]: c for c in table}
+        l1, g1, l64 = by[ROW_BY_ID["llama8b-b1"].measure], by[ROW_BY_ID["gemma4b-b1"].measure], by[ROW_BY_ID["llama8b-b64"].measure]
+        check("llama b1 met against the document's 79%", l1["met"] is True and "79%" in l1["target"] and "performance.md" in l1["target"])
+        check("gemma b1 not met against 59%", g1["met"] is False and g1["fraction"] == "50% of floor")
+        check("llama b64 against this run's 4B b64", l64["met"] is True and "this run" in l64["target"])
+        check("unmeasured rows say so", by[ROW_BY_ID["8b-b1"].measure]["kern"] == "not yet measured")
+        table, _ = build(res, None, os.path.join(tmp, "missing.md"))
+        check("no reference: met unknown", {c["measure"]: c for c in table}[ROW_BY_ID["llama8b-b1"].measure]["met"] is None)
+        text = render(*build(res, None, doc), res)
+        check("rendered", "Llama-3.1-8B batch-1 decode step" in text and "**yes**" in text and "**no**" in text)
+    check("plan --families lists the three rows", [r.id for r in ROWS if r.families] == ["llama8b-b1", "llama8b-b64", "gemma4b-b1"])
+    print(f"selftest: {n_ok} passed, {n_bad} failed")
+    return 0 if n_bad == 0 else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("plan").set_defaults(f=cmd_plan)
+    pl = sub.add_parser("plan")
+    pl.add_argument("--families", action="store_true", help="only issue 24's rows")
+    pl.set_defaults(f=cmd_plan)
+    sub.add_parser("selftest").set_defaults(f=lambda a: sys.exit(selftest()))
     t = sub.add_parser("table")
     t.add_argument("results", nargs="?", default="", help="bench.sh's results directory (none: every row not yet measured)")
     t.add_argument("--work", help="bench.sh's work directory (PRESET/config.json gives prefill's FLOPs)")
     t.add_argument("--doc", help="rewrite the table section of this markdown file")
     t.add_argument("--out", help="also write the table to this file")
+    t.add_argument("--ref-doc", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "performance.md"),
+                   help="the Qwen rows' fractions of the floor when this run has none (default docs/performance.md)")
     t.set_defaults(f=cmd_table)
     r = sub.add_parser("ready")
     r.add_argument("--kern", required=True)

@@ -335,16 +335,29 @@ def summary_rows(results):
             n = (f"{m.get('checks_passed', 0)}/{m.get('checks', 0)} checks, ready {m.get('ready_s', '?')} s"
                  + (f"; {m['answer'][:50]!r}" if m.get("answer") else "") + (f"; failed: {', '.join(m['failed'])[:80]}" if m.get("failed") else ""))
             rows.append(("serve", m["model"], n, "PASS" if m.get("pass") else "FAIL"))
-    b = load(os.path.join(results, "bench.json"))
-    if b:
-        for x in b.get("rows", []):
-            rows.append(("bench", x["measure"], x["numbers"], x["verdict"]))
+    bdir = os.path.join(results, "bench")
+    if os.path.isdir(bdir):
+        rows += bench_rows(bdir)
     for sec, st in status.items():
         if st.get("state") != "ran":
             rows.append((sec, "(section)", st.get("why", st.get("state", "")), "NOT RUN" if st.get("state") == "skipped" else "FAIL"))
         elif st.get("rc") not in (0, None) and not any(r[0].startswith(sec.split("-")[0]) for r in rows):
             rows.append((sec, "(section)", f"exit {st['rc']}, no results (see the logs)", "FAIL"))
     return rows
+
+
+def bench_rows(bdir, ids=None):
+    """The families rows of bench.sh's results (bench_table.build): kern, the peer, the floor,
+    kern's fraction of it against the Qwen row's; PASS when at or above it."""
+    import bench_table
+    table, _ = bench_table.build(bdir, None, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "performance.md"))
+    out = []
+    for row, c in zip(bench_table.ROWS, table):
+        if not (row.id in ids if ids else row.families):
+            continue
+        n = f"kern {c['kern']}; peer {c['peer_graph']}; floor {c['floor']}; {c['fraction']}; target {c['target']}"
+        out.append(("bench", row.measure, n, {True: "PASS", False: "FAIL", None: "?"}[c["met"]]))
+    return out
 
 
 def format_summary(rows):

@@ -437,7 +437,7 @@ def layers_cell(row):
     return f"{n}/{real}" if real and real != n else str(n)
 
 
-def table_line(row):
+def table_line(row, shape_width=None):
     if row.get("error"):
         cells = [row["shape"], layers_cell(row), "-", "-", "-", "-", "-", "-", "-", "-", "-", "FAIL"]
     else:
@@ -445,13 +445,15 @@ def table_line(row):
                  fmt(row["max_e_kern"]), fmt(row["max_e_bf16"]), row["greedy"],
                  fmt(row["chunked_max_diff"], ".3g"), row.get("rope") or "-", fmt(row["decode_tok_s"], ".1f"),
                  "PASS" if row["pass"] else "FAIL"]
-    return " | ".join(str(c).ljust(w) for c, (_, w) in zip(cells, TABLE_COLS))
+    widths = [shape_width or TABLE_COLS[0][1]] + [w for _, w in TABLE_COLS[1:]]
+    return " | ".join(str(c).ljust(w) for c, w in zip(cells, widths))
 
 
 def format_table(rows):
-    head = " | ".join(n.ljust(w) for n, w in TABLE_COLS)
+    w0 = max([TABLE_COLS[0][1]] + [len(r["shape"]) for r in rows])
+    head = " | ".join(n.ljust(w0 if i == 0 else w) for i, (n, w) in enumerate(TABLE_COLS))
     out = [head, "-" * len(head)]
-    out += [table_line(r) for r in rows]
+    out += [table_line(r, w0) for r in rows]
     for r in rows:
         if r.get("error"):
             out.append(f"  {r['shape']}: ERROR {r['error']}")
@@ -1100,6 +1102,57 @@ def selftest():
     check("generate argv", a == ["generate", "--model", "M", "--prompt-ids", "1,2", "--prompt-ids", "3", "--max-tokens", 64,
                                  "--temperature", "0", "--ignore-eos", "--dump", "D", "--chunk", 16])
 
+    # every family's vocabulary: prompt ids and the pad id valid
+    for v in (151936, 128256, 49152, 32768, 32000, 262144, 262208):
+        ps = make_prompts([300], 3, prompt_id_max(v))
+        check(f"prompt ids < vocab {v}", all(0 <= t < v for t in ps[0]) and PAD_ID < v)
+    check("Qwen keeps its ordinary range", prompt_id_max(151936) == 151643 and prompt_id_max(32000) == 32000)
+    check("Qwen prompts unchanged by the generalization", make_prompts([5], 1, prompt_id_max(151936)) == make_prompts([5], 1))
+
+    # shapes: presets from packs/src/config.rs, cases, ad hoc specs
+    presets = read_presets()
+    check("presets read from packs/src/config.rs", {"qwen3-0.6b", "llama-3.2-1b", "llama-3.1-8b", "smollm2-135m", "mistral-7b",
+                                                    "mistral-7b-v0.1", "gemma-3-270m", "gemma-3-1b", "gemma-3-4b"} <= set(presets)
+          and presets["gemma-3-4b"]["vocab_size"] == 262208)
+    check("every case names a preset", all(c["preset"] in presets for c in CASES.values()))
+    sh = parse_shape("gemma-3-1b-sw48", presets)
+    cfg = shape_config(sh, presets)
+    check("case: overrides, real layers", cfg["sliding_window"] == 48 and cfg["num_hidden_layers"] == 26 and sh["preset"] == "gemma-3-1b")
+    sh = parse_shape("mistral-7b-v0.1-sw64", presets)
+    cfg = shape_config(sh, presets)
+    check("case: 8 of 32 layers at full width", cfg["num_hidden_layers"] == 8 and cfg["hidden_size"] == 4096 and cfg["sliding_window"] == 64)
+    check("--layers overrides a case's", shape_config(sh, presets, 2)["num_hidden_layers"] == 2)
+    sh = parse_shape("gemma-3-4b:sliding_window=32:layers=6:lengths=5/300:steps=8:rope_scaling=null", presets)
+    cfg = shape_config(sh, presets)
+    check("ad hoc spec", sh["layers"] == 6 and sh["lengths"] == [5, 300] and sh["steps"] == 8 and cfg["sliding_window"] == 32
+          and cfg["rope_scaling"] is None and cfg["num_hidden_layers"] == 6)
+    c2 = shape_config({"preset": "gemma-3-1b", "config": {"layer_types": ["full_attention"] * 26}}, presets)
+    check("layer_types of the preset dropped when the count changes", "layer_types" not in shape_config(
+        {"preset": "gemma-3-1b", "config": {}}, {"gemma-3-1b": dict(presets["gemma-3-1b"], layer_types=["x"] * 26)}, 4)
+          and c2["layer_types"][0] == "full_attention")
+    for bad in ("no-such-preset", "gemma-3-1b:oops"):
+        try:
+            parse_shape(bad, presets)
+            check(f"bad spec {bad!r} refused", False)
+        except ValueError:
+            check(f"bad spec {bad!r} refused", True)
+
+    class A:
+        steps = lengths_list = attn = pack_max_tokens = layers = max_context = None
+        max_seqs = 8
+    st = shape_settings(parse_shape("llama-3.2-1b-long", presets), A)
+    check("long case: its lengths, steps and context", st["lengths"] == [8300, 40] and st["steps"] == 32 and st["max_context"] == 8448)
+    st = shape_settings(parse_shape("qwen3-0.6b", presets), A)
+    check("defaults", st["lengths"] == list(DEFAULT_LENGTHS) and st["steps"] == DEFAULT_STEPS and st["max_context"] == 1024 and st["attn"] == "sdpa")
+    A.lengths_list, A.steps = [2000], 64
+    check("the context grows with the prompts", shape_settings(parse_shape("qwen3-0.6b", presets), A)["max_context"] == 2304)
+    A.max_context = 1024
+    try:
+        shape_settings(parse_shape("qwen3-0.6b", presets), A)
+        check("a context too short is refused", False)
+    except ValueError:
+        check("a context too short is refused", True)
+
     # end to end through the files kern writes: a passing and a failing shape, and an exception
     with tempfile.TemporaryDirectory() as tmp:
         prompts = [[int(x) for x in rng.integers(0, PROMPT_ID_MAX, n)] for n in (5, 37, 120, 251)]
@@ -1153,6 +1206,15 @@ def selftest():
         check("chunked diff ~1e-6", 0 < good["chunked_max_diff"] < 1e-5 and good["chunked_tokens_equal"])
         check("bad shape fails with reasons", not bad["pass"] and bad["worst_ratio"] > 1 and bad["failures"])
         check("decode rate in row", good["decode_tok_s"] == 100.0)
+        # the manifest check joins the row: a failing one fails the shape
+        rc_ok = {"pass": True, "inexact": 2, "problems": []}
+        rc_bad = {"pass": False, "inexact": 0, "problems": ["layer 3: sliding window 512 in kern, None in transformers"]}
+        seqs_ok = [evaluate_sequence(prompts[0], (list(fake_model(0, 1).argmax(axis=1)), fake_model(0, 1)), (list(fake_model(0, 1).argmax(axis=1))[:4], fake_model(0, 1)[:4]),
+                                     fake_model(0, 1), fake_model(0, 1) + 0.01, list(fake_model(0, 1).argmax(axis=1)))]
+        r1 = summarize_shape("r1", prompts[:1], seqs_ok, {}, {"rope_check": rc_ok, "layers": 8, "real_layers": 32})
+        r2 = summarize_shape("r2", prompts[:1], seqs_ok, {}, {"rope_check": rc_bad})
+        check("rope ok (with 1-ulp count) keeps the pass", r1["pass"] and r1["rope"] == "ok (2 1ulp)" and "8/32" in table_line(r1))
+        check("rope failure fails the shape with its reason", not r2["pass"] and r2["rope"] == "FAIL" and any("sliding window" in f for f in r2["failures"]))
         # dump validation
         d = os.path.join(tmp, "badprompt")
         write_dump(d, [fake_model(i, 3) for i in range(4)], steps, prompts, bad_prompt=True)
@@ -1200,6 +1262,15 @@ def selftest():
         check("json round trip", back["shapes"][0]["worst_ratio"] == good["worst_ratio"]
               and back["shapes"][1]["error"] == rows[1]["error"])
         print(table)
+        # config.json fixups: whole-number floats transformers types as int
+        md = os.path.join(tmp, "fix")
+        os.makedirs(md)
+        write_json(os.path.join(md, "config.json"), {"query_pre_attn_scalar": 256.0, "rms_norm_eps": 1e-6, "sliding_window": 48})
+        fx = hf_config_fixups(md)
+        with open(os.path.join(md, "config.json")) as f:
+            back = json.load(f)
+        check("config fixups", fx == ["query_pre_attn_scalar 256.0 -> 256"] and back["query_pre_attn_scalar"] == 256
+              and isinstance(back["query_pre_attn_scalar"], int) and back["rms_norm_eps"] == 1e-6 and hf_config_fixups(md) == [])
     print(f"selftest: {n_ok} passed, {n_bad} failed")
     return 0 if n_bad == 0 else 1
 

@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """A stand-in for the kern binary, for dry runs of scripts/gpu/parity.py without a GPU.
 
-Only for checking parity.py itself (its plumbing, file formats and step alignment), never as
-evidence about kern. `random-weights` and `pack` are passed to a real kern binary
-(PARITY_FAKE_REAL_KERN, default target/release/kern: neither needs a GPU); `generate` follows
-kern's contract with transformers in float32 on the CPU plus a small deterministic noise on the
-logits (PARITY_FAKE_NOISE, default 1e-3; set it large, e.g. 1, to see parity.py FAIL;
-PARITY_FAKE_FAIL_CHUNK=1 makes runs with --chunk fail):
+Only for checking parity.py and real_model.py themselves (their plumbing, file formats and
+step alignment), never as evidence about kern. `random-weights`, `pack`, `extract` and `inspect`
+are passed to a real kern binary (PARITY_FAKE_REAL_KERN, default target/release/kern: none needs a
+GPU); `generate` follows kern's contract with transformers in float32 on the CPU plus a small
+deterministic noise on the logits (PARITY_FAKE_NOISE, default 1e-3; set it large, e.g. 1, to see
+parity.py FAIL; PARITY_FAKE_FAIL_CHUNK=1 makes runs with --chunk fail). A model directory that
+holds a GGUF file (kern pack --gguf) is loaded from it (cached as safetensors under
+PARITY_FAKE_CACHE, default /tmp/fake-kern-cache); text prompts are tokenized with the directory's
+tokenizer.json / tokenizer_config.json through transformers (--chat: its chat template):
 
-  generate --model DIR --prompt-ids 1,2,3 [--prompt-ids ...] --max-tokens N --temperature 0
-           --ignore-eos --dump OUTDIR [--chunk C]
+  generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT) [...] [--chat] --max-tokens N
+           --temperature 0 [--ignore-eos] --dump OUTDIR [--chunk C]
 
 writes OUTDIR/tokens.json {"prompts": [...], "outputs": [...]} and OUTDIR/seq{i}.logits.npy
 (float32 [N, vocab], row j = the logits token j was chosen from), and prints timings to stderr.
@@ -32,7 +35,9 @@ def real_kern(argv):
 def generate(argv):
     ap = argparse.ArgumentParser(prog="fake-kern generate")
     ap.add_argument("--model", required=True)
-    ap.add_argument("--prompt-ids", action="append", required=True)
+    ap.add_argument("--prompt-ids", action="append", default=[])
+    ap.add_argument("--prompt", action="append", default=[])
+    ap.add_argument("--chat", action="store_true")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--ignore-eos", action="store_true")
@@ -51,9 +56,37 @@ def generate(argv):
         return 1
     noise = float(os.environ.get("PARITY_FAKE_NOISE", "1e-3"))
     t0 = time.time()
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32, attn_implementation="sdpa").eval()
+    ggufs = sorted(f for f in os.listdir(a.model) if f.endswith(".gguf"))
+    if ggufs:
+        src = os.path.realpath(os.path.join(a.model, ggufs[0]))
+        cache = os.path.join(os.environ.get("PARITY_FAKE_CACHE", "/tmp/fake-kern-cache"), f"{zlib.crc32(src.encode()):08x}-{os.path.getsize(src)}")
+        if os.path.exists(os.path.join(cache, "model.pt")):
+            cfg, sd = torch.load(os.path.join(cache, "model.pt"), weights_only=False)
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
+            model.load_state_dict(sd, strict=False)
+            model = model.eval()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(os.path.dirname(src), gguf_file=os.path.basename(src), dtype=torch.float32,
+                                                         attn_implementation="sdpa").eval()
+            os.makedirs(cache, exist_ok=True)
+            torch.save((model.config, model.state_dict()), os.path.join(cache, "model.pt"))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32, attn_implementation="sdpa").eval()
     t_load = time.time() - t0
     prompts = [[int(x) for x in p.split(",")] for p in a.prompt_ids]
+    if a.prompt:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(a.model)
+        for text in a.prompt:
+            if a.chat:
+                ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+                ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            else:
+                ids = tok(text, add_special_tokens=False)["input_ids"]
+            prompts.append([int(x) for x in ids])
+    if not prompts:
+        print("error: give --prompt-ids or --prompt", file=sys.stderr)
+        return 2
     chunk = a.chunk or 256
     outputs, rows = [], []
     t_pre = t_dec = 0.0
@@ -104,7 +137,7 @@ def main():
     cmd, rest = sys.argv[1], sys.argv[2:]
     if cmd == "generate":
         return generate(rest)
-    if cmd in ("random-weights", "pack"):
+    if cmd in ("random-weights", "pack", "extract", "inspect"):
         return real_kern([cmd] + rest)
     print(f"fake-kern: unknown command {cmd}", file=sys.stderr)
     return 2
