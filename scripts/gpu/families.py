@@ -308,7 +308,7 @@ def summary_rows(results):
             continue
         for s in p.get("shapes", []):
             if s.get("error"):
-                rows.append((sec, s["shape"], s["error"][:90], "FAIL"))
+                rows.append((sec, s["shape"], s["error"][:90], "NOT RUN" if s["error"].startswith("NotStarted") else "FAIL"))
                 continue
             lay = s.get("layers")
             lay = f"{lay}/{s['real_layers']}" if s.get("real_layers") and s["real_layers"] != lay else str(lay)
@@ -334,14 +334,18 @@ def summary_rows(results):
         for m in s.get("models", []):
             n = (f"{m.get('checks_passed', 0)}/{m.get('checks', 0)} checks, ready {m.get('ready_s', '?')} s"
                  + (f"; {m['answer'][:50]!r}" if m.get("answer") else "") + (f"; failed: {', '.join(m['failed'])[:80]}" if m.get("failed") else ""))
-            rows.append(("serve", m["model"], n, "PASS" if m.get("pass") else "FAIL"))
+            started = not any(str(f).startswith("not started") for f in m.get("failed") or [])
+            rows.append(("serve", m["model"], n, "PASS" if m.get("pass") else "FAIL" if started else "NOT RUN"))
     bdir = os.path.join(results, "bench")
     if os.path.isdir(bdir):
         rows += bench_rows(bdir)
     for sec, st in status.items():
+        own = {"real-qwen": "real", "serve-gguf": "serve"}.get(sec, sec)
         if st.get("state") != "ran":
             rows.append((sec, "(section)", st.get("why", st.get("state", "")), "NOT RUN" if st.get("state") == "skipped" else "FAIL"))
-        elif st.get("rc") not in (0, None) and not any(r[0].startswith(sec.split("-")[0]) for r in rows):
+        elif st.get("rc") == 124:
+            rows.append((sec, "(section)", f"stopped at the budget after {st.get('seconds')} s: what had not finished is missing", "NOT RUN"))
+        elif st.get("rc") not in (0, None) and not any(r[0] == own for r in rows):
             rows.append((sec, "(section)", f"exit {st['rc']}, no results (see the logs)", "FAIL"))
     return rows
 

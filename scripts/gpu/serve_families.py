@@ -428,9 +428,12 @@ def selftest():
             t.add(os.path.join(src, "x", "tokenizer.json"), arcname="tokenizer.json")
         unpack_tokenizers(src, os.path.join(tmp, "tok"))
         check("tokenizers unpacked", os.path.exists(os.path.join(tmp, "tok", "llama3-tokenizer", "tokenizer.json")))
+    import contextlib
+    import io
     c = Checks("m")
-    c("a", True)
-    c.run("b", lambda: 1 / 0)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        c("a", True)
+        c.run("b", lambda: 1 / 0)
     check("checks record failures and exceptions", [r["pass"] for r in c.rows] == [True, False] and "ZeroDivisionError" in c.rows[1]["detail"])
     check("ids_of", ids_of({"input_ids": [[1, 2]]}) == [1, 2])
     check("every model names its reference", all(m["ref"] in ("gguf", "llama3-tokenizer", "gemma3-tokenizer") for m in MODELS.values()))

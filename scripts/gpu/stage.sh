@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Staging for scripts/gpu/families.sh: the real GGUF files travel to the GPU machine in parts of
-# at most 60 MB (a device call carries at most 64 MiB, the working tree included), one part per
+# at most 51 MB (a device call carries at most 64 MiB, the working tree included), one part per
 # call, and are reassembled and SHA-256-checked there. The machine keeps /tmp only while it is
 # warm (30 s after a call): make the part calls and the run call back to back.
 #
@@ -23,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 STAGE=${KERN_STAGE:-/tmp/kern-stage}
 GGUF_DIR=${KERN_GGUF_DIR:-/tmp/kern-gguf}
-PART_BYTES=60000000
+PART_BYTES=51000000  # 51 MB (7 parts for the families set): a part and a working tree of up to ~16 MiB fit one call's 64 MiB
 
 # The files of each set: name and SHA-256 (the reassembled file).
 files_of() {
@@ -111,7 +111,7 @@ wheels() {
   python3 -m pip download --quiet --no-cache-dir --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$d" \
     gguf==0.19.0 openai==1.109.1 distro==1.9.0 jiter==0.10.0 pydantic==2.11.7 pydantic-core==2.33.2 \
-    annotated-types==0.7.0 typing-inspection==0.4.1 sniffio==1.3.1 typing-extensions==4.14.1 || die "pip download of the wheels failed"
+    annotated-types==0.7.0 typing-inspection==0.4.1 sniffio==1.3.1 || die "pip download of the wheels failed"
   ls -la "$d"; du -sh "$d"
 }
 
@@ -124,8 +124,10 @@ plan() {
     printf '  %d. command: bash scripts/gpu/stage.sh put %s %02d\n     carry: ["build/stage/%s/part.%02d", "build/stage/%s/SHA256SUMS"]  (%s)\n' \
       $((i + 1)) "$set" "$i" "$set" "$i" "$set" "$(du -h build/stage/$set/part.$(printf %02d "$i") | cut -f1)"
   done
-  echo "  then: bash scripts/gpu/families.sh ...   carry: [\".carry\", \"build/packs\", \".whl\"]"
-  du -sh .carry build/packs .whl 2>/dev/null || true
+  echo "  then: bash scripts/gpu/families.sh --budget 540   (timeout_s 600)"
+  echo "     carry: [\".carry/kern\", \".carry/fam\", \".carry/torch_peer.py\", \"build/packs\", \".whl/families\"]"
+  du -ch .carry/kern .carry/fam .carry/torch_peer.py build/packs .whl/families 2>/dev/null || true
+  echo "  (+ the working tree: $(git ls-files -z | du -ch --files0-from=- 2>/dev/null | tail -n 1 | cut -f1); a call carries at most 64 MiB in all)"
 }
 
 put() {
