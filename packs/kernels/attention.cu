@@ -25,8 +25,8 @@ using namespace kern;
 
 
 
-// The kernel's shared memory: 42 KB at D = 128 (static), 84 KB at D = 256 (dynamic: the
-// manifest's `shared` must be at least sizeof(AttSmem<256>) = ATT_SMEM_D256 bytes).
+// The kernel's shared memory: 45 KB at D = 128 (static), 84 KB at D = 256 (dynamic: the
+// manifest's `shared` must be at least sizeof(AttSmem<256>) = 86032 bytes: kern-packs' ATT_SMEM_D256).
 template <int D>
 struct AttSmem {
     __align__(16) bf16 Qs[ATT_ROWS][D];

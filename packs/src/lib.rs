@@ -13,6 +13,8 @@
 //! * [`fused`]: the fused decode program's ops (RMSNorm, SwiGLU and the residual adds inside
 //!   the decode GEMVs for steps of at most 8 tokens, bit-identical to the unfused kernels);
 //! * [`gguf`]: weight sources renamed for GGUF files and prefixed checkpoints;
+//! * [`quant`]: GGUF-native weights — projections, LM head and embedding kept in the file's
+//!   blocks and run by the block GEMVs / dequantize-then-GEMM;
 //! * [`random`]: seeded random weights in the Hugging Face safetensors layout plus a
 //!   `config.json` that transformers loads unchanged.
 
@@ -21,6 +23,7 @@ pub mod families;
 pub mod fused;
 pub mod gguf;
 pub mod manifest;
+pub mod quant;
 pub mod random;
 pub mod rope;
 

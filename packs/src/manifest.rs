@@ -77,6 +77,10 @@ pub struct PackOptions {
     /// `kern bench`), the fused GEMVs are slower than the launches they save (Qwen3-4B batch 1:
     /// 3.772 ms fused vs 3.382 ms unfused; GEMM.md "Fused decode GEMVs").
     pub decode_fusion: bool,
+    /// GGUF-native weights (issue 25, [`crate::quant`]): the block dtype of each checkpoint
+    /// tensor (by its name in the file) that may stay in its blocks. Empty: every weight is
+    /// loaded as bf16 (`kern pack --dequantize`, and every safetensors checkpoint).
+    pub native: std::collections::BTreeMap<String, kern_manifest::DType>,
 }
 
 impl Default for PackOptions {
@@ -96,6 +100,7 @@ impl Default for PackOptions {
             residual: Residual::F32,
             batch_gemm: BatchGemm::Wide,
             decode_fusion: false,
+            native: Default::default(),
         }
     }
 }
@@ -499,13 +504,7 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
         // With --pdl, the build of each non-GEMM module whose kernels wait first (the GEMM
         // kernels always wait after their weight prefetch).
         let file = if (opts.pdl || opts.pdl_small_steps) && !m.starts_with("gemm_") { format!("{m}.pdl.sm_90a.cubin") } else { format!("{m}.sm_90a.cubin") };
-        let src = opts.kernels.join(&file);
-        let bytes = std::fs::read(&src).map_err(|e| {
-            PackError::Config(format!("{}: {e}: build the pack's kernels first (bash packs/kernels/build.sh) or pass --kernels DIR", src.display()))
-        })?;
-        let dst = out.join(&file);
-        std::fs::write(&dst, &bytes).map_err(io(&dst))?;
-        let sha: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+        let sha = copy_module(&opts.kernels, &file, out)?;
         modules.insert(m.to_string(), json!({"source": file, "sha256": sha}));
     }
     let mut m = build(cfg, opts, Value::Object(modules));
@@ -520,10 +519,28 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
         }
     }
     edit(&mut m)?;
+    if !opts.native.is_empty() {
+        let native = crate::quant::apply(&mut m, &|t| opts.native.get(t).copied(), opts.max_tokens, opts.pdl || opts.pdl_small_steps).map_err(PackError::Config)?;
+        for module in native.modules {
+            let file = if (opts.pdl || opts.pdl_small_steps) && module == crate::quant::EMBED_MODULE { format!("{module}.pdl.sm_90a.cubin") } else { format!("{module}.sm_90a.cubin") };
+            let sha = copy_module(&opts.kernels, &file, out)?;
+            m["modules"][module] = json!({"source": file, "sha256": sha});
+        }
+    }
     let path = out.join("model.json");
     let text = serde_json::to_string_pretty(&m).map_err(|e| PackError::Config(e.to_string()))?;
     std::fs::write(&path, text + "\n").map_err(io(&path))?;
     Ok(path)
+}
+
+/// Copies the cubin `file` from the kernel directory into `out`; its SHA-256.
+fn copy_module(kernels: &Path, file: &str, out: &Path) -> Result<String> {
+    let src = kernels.join(file);
+    let bytes = std::fs::read(&src)
+        .map_err(|e| PackError::Config(format!("{}: {e}: build the pack's kernels first (bash packs/kernels/build.sh) or pass --kernels DIR", src.display())))?;
+    let dst = out.join(file);
+    std::fs::write(&dst, &bytes).map_err(io(&dst))?;
+    Ok(Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// The most tokens of a step that `--pdl-small-steps` launches with PDL: the `gemv_bf16` bucket.

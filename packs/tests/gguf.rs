@@ -29,6 +29,7 @@ fn gguf(kv: &[(&str, u32, Vec<u8>)], tensors: &[(String, Vec<u64>, u32)]) -> Vec
         let n: u64 = dims.iter().product();
         let bytes = match ty {
             0 => n * 4,
+            2 => n / 32 * 18,
             8 => n / 32 * 34,
             _ => unreachable!(),
         };
@@ -37,6 +38,7 @@ fn gguf(kv: &[(&str, u32, Vec<u8>)], tensors: &[(String, Vec<u64>, u32)]) -> Vec
                 seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
                 match ty {
                     8 if i % 34 == 1 => 0x20,
+                    2 if i % 18 == 1 => 0x20,
                     0 if i % 4 == 3 => 0x3f,
                     _ => (seed >> 24) as u8,
                 }
@@ -294,4 +296,103 @@ fn llama_and_gemma3_gguf_pack_with_their_conventions() {
     // The table is an argument of every layer's RoPE call.
     let rope_call = m.program("main").unwrap().calls.iter().find(|c| c.label == "l0.qk_norm_rope").unwrap();
     assert_eq!(rope_call.args[10], kern_manifest::Binding::Buf(m.buffer("rope.inv_freq").unwrap()));
+}
+
+/// Issue 25: `kern pack --gguf` keeps the projections, the LM head and the embedding in the
+/// file's blocks (GGUF-native): their buffers are block dtypes whose shape counts blocks, every
+/// one loads the file's bytes unchanged, the GEMVs run up to 64 rows and larger steps
+/// dequantize into one scratch matrix for the bf16 GEMM. A projection whose parts have different
+/// block types (v in Q4_0 here, q and k in Q8_0) is split into one GEMV per part writing its
+/// columns of the fused output.
+#[test]
+fn gguf_native_weights_stay_in_their_blocks() {
+    use kern_manifest::DType;
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "qwen3.gguf", &model_with_v_type("qwen3", 2));
+    let ckpt = Checkpoint::open(&file).unwrap();
+    let cfg = kern_packs::families::from_gguf(&ckpt, &file).unwrap();
+    let native = ckpt.names().into_iter().filter_map(|n| Some((n.to_string(), ckpt.tensor(n).ok()?.ggml?.block_dtype()?))).collect();
+    let out = dir.path().join("native");
+    let opts = PackOptions { kernels: kernels(), max_tokens: 256, max_seqs: 4, max_context: 512, native, ..Default::default() };
+    let path = generate_for_gguf(&cfg, &opts, &out).unwrap();
+    let m = load(&path, &CheckOptions::default()).unwrap_or_else(|d| panic!("{d}"));
+    assert!(kern_weights::check(&ckpt, &m.buffers).is_empty(), "{:#?}", kern_weights::check(&ckpt, &m.buffers));
+    assert!(kern_weights::unused_tensors(&ckpt, &m.buffers).is_empty());
+    let dtype = |b: &str| m.buffers[m.buffer(b).unwrap_or_else(|| panic!("no buffer {b}")).0].dtype;
+    // Layer 0: q, k, v all Q8_0 → one fused q8_0 weight of [256, 128 / 32] blocks.
+    assert_eq!(dtype("model.layers.0.self_attn.qkv_proj.weight"), DType::Q8_0);
+    let qkv0 = &m.buffers[m.buffer("model.layers.0.self_attn.qkv_proj.weight").unwrap().0];
+    assert_eq!(qkv0.bytes_at_max, 256 * 4 * 34);
+    // Layer 1: v is Q4_0 → three parts, the fused buffer gone.
+    assert!(m.buffer("model.layers.1.self_attn.qkv_proj.weight").is_none());
+    assert_eq!((dtype("model.layers.1.self_attn.qkv_proj.weight.part0"), dtype("model.layers.1.self_attn.qkv_proj.weight.part2")), (DType::Q8_0, DType::Q4_0));
+    // Norms stay bf16; the separate output (Q8_0) and the embedding are blocks.
+    assert_eq!((dtype("model.norm.weight"), dtype("lm_head.weight"), dtype("model.embed_tokens.weight")), (DType::Bf16, DType::Q8_0, DType::Q8_0));
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let call = |label: &str| m.programs[0].calls.iter().find(|c| c.label == label).unwrap();
+    let op_name = |label: &str| m.ops[call(label).op.0].name.clone();
+    assert_eq!(op_name("l0.qkv_proj"), "qkv_proj_q8_0");
+    assert_eq!(op_name("l1.qkv_proj"), "qkv_proj_q8_0_q8_0_q4_0");
+    assert_eq!(op_name("embed"), "embedding_q8_0");
+    // Which launches run at a step of `tokens` rows.
+    let live = |op: &str, tokens: i64| -> Vec<String> {
+        let o = &m.ops[m.op(op).unwrap().0];
+        let mut vars = m.vars_at_max();
+        vars[m.var("tokens").unwrap().0] = tokens;
+        vars[m.var("seqs").unwrap().0] = tokens.min(4);
+        o.launches.iter().filter(|l| l.grid.iter().all(|g| g.eval(&vars).unwrap() > 0)).map(|l| l.entry.clone()).collect()
+    };
+    assert_eq!(live("qkv_proj_q8_0_q8_0_q4_0", 1), ["gemv_q8_0_w8", "gemv_q8_0_w8", "gemv_q4_0_w8"]);
+    assert_eq!(live("qkv_proj_q8_0_q8_0_q4_0", 64), ["gemv_q8_0_w8", "gemv_q8_0_w8", "gemv_q4_0_w8"]);
+    assert_eq!(live("qkv_proj_q8_0_q8_0_q4_0", 65), ["dequant_q8_0_bf16", "dequant_q8_0_bf16", "dequant_q4_0_bf16", "gemm_bf16_wgmma_n128"]);
+    // The split GEMVs write their columns of the 256-wide row: col0 0, 128, 192.
+    let o = &json["ops"]["qkv_proj_q8_0_q8_0_q4_0"]["impl"]["launches"];
+    let cols: Vec<i64> = (0..3).map(|i| o[i]["args"][8]["i32"].as_i64().unwrap()).collect();
+    assert_eq!(cols, [0, 128, 192]);
+    assert!(o.as_array().unwrap().iter().all(|l| l["module"] != "gemm_wgmma" || l["args"][1]["param"].is_u64()), "the GEMM reads the scratch");
+    assert!(m.buffer(kern_packs::quant::SCRATCH).is_some());
+    // --dequantize (no native map): the bf16 manifest, as before.
+    let plain = generate_for_gguf(&cfg, &PackOptions { kernels: kernels(), max_tokens: 256, max_seqs: 4, max_context: 512, ..Default::default() }, &dir.path().join("bf16")).unwrap();
+    let p = load(&plain, &CheckOptions::default()).unwrap();
+    assert!(p.buffers.iter().all(|b| !b.dtype.is_block()));
+}
+
+/// `model`'s qwen3 file with layer 1's `attn_v` of GGUF type `ty`.
+fn model_with_v_type(arch: &str, ty: u32) -> Vec<u8> {
+    let (h, d, hq, hkv, i, v) = (128u64, 64u64, 2u64, 1u64, 256u64, 64u64);
+    let mut tokens = 8u32.to_le_bytes().to_vec();
+    tokens.extend_from_slice(&v.to_le_bytes());
+    for t in 0..v {
+        s(&mut tokens, &format!("t{t}"));
+    }
+    let k = |n: &str| format!("{arch}.{n}");
+    let kv: Vec<(String, u32, Vec<u8>)> = vec![
+        ("general.architecture".into(), 8, strv(arch)),
+        (k("block_count"), 4, u32v(2)),
+        (k("context_length"), 4, u32v(4096)),
+        (k("embedding_length"), 4, u32v(h as u32)),
+        (k("feed_forward_length"), 4, u32v(i as u32)),
+        (k("attention.head_count"), 4, u32v(hq as u32)),
+        (k("attention.head_count_kv"), 4, u32v(hkv as u32)),
+        (k("rope.freq_base"), 6, f32v(1e6)),
+        (k("attention.layer_norm_rms_epsilon"), 6, f32v(1e-6)),
+        ("tokenizer.ggml.tokens".into(), 9, tokens),
+    ];
+    let mut t: Vec<(String, Vec<u64>, u32)> = vec![("token_embd.weight".into(), vec![h, v], 8), ("output_norm.weight".into(), vec![h], 0), ("output.weight".into(), vec![h, v], 8)];
+    for l in 0..2 {
+        let p = format!("blk.{l}");
+        t.push((format!("{p}.attn_norm.weight"), vec![h], 0));
+        t.push((format!("{p}.attn_q.weight"), vec![h, hq * d], 8));
+        t.push((format!("{p}.attn_k.weight"), vec![h, hkv * d], 8));
+        t.push((format!("{p}.attn_v.weight"), vec![h, hkv * d], if l == 1 { ty } else { 8 }));
+        t.push((format!("{p}.attn_q_norm.weight"), vec![d], 0));
+        t.push((format!("{p}.attn_k_norm.weight"), vec![d], 0));
+        t.push((format!("{p}.attn_output.weight"), vec![hq * d, h], 8));
+        t.push((format!("{p}.ffn_norm.weight"), vec![h], 0));
+        t.push((format!("{p}.ffn_gate.weight"), vec![h, i], 8));
+        t.push((format!("{p}.ffn_up.weight"), vec![h, i], 8));
+        t.push((format!("{p}.ffn_down.weight"), vec![i, h], 8));
+    }
+    let kv: Vec<(&str, u32, Vec<u8>)> = kv.iter().map(|(a, b, c)| (a.as_str(), *b, c.clone())).collect();
+    gguf(&kv, &t)
 }

@@ -101,6 +101,11 @@ pub struct Args {
     /// `--residual f32` and no `--tp` (otherwise the unfused program is written).
     #[arg(long, value_name = "on|off", default_value = "off", value_parser = on_off, action = clap::ArgAction::Set)]
     decode_fusion: bool,
+    /// With --gguf: load every weight dequantized to bf16 (kern's behaviour before GGUF-native
+    /// execution) instead of keeping the projections, LM head and embedding in the file's
+    /// blocks and running them with the block kernels (the default).
+    #[arg(long, requires = "gguf")]
+    dequantize: bool,
 }
 
 /// `on` / `off` as a bool (clap value parser).
@@ -140,13 +145,15 @@ fn options(args: &Args) -> kern_packs::PackOptions {
         residual: args.residual,
         batch_gemm: args.batch_gemm,
         decode_fusion: args.decode_fusion,
+        // Filled from the GGUF file's tensor types (run_gguf), unless --dequantize.
+        native: Default::default(),
     }
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let opts = options(&args);
     if let Some(file) = &args.gguf {
-        return run_gguf(file, &opts, &args.out);
+        return run_gguf(file, &opts, &args.out, args.dequantize);
     }
     let config = args.config.as_ref().expect("clap requires --config without --gguf");
     let _ = model_type(config)?;
@@ -172,10 +179,16 @@ pub(crate) fn checkpoint_prefix(dir: Option<&Path>, cfg: &mut kern_packs::Config
 
 /// `kern pack --gguf FILE -o DIR`: config from the GGUF metadata, the manifest with GGUF tensor
 /// names, FILE linked into DIR, and every weight checked against the file's tensors.
-fn run_gguf(file: &Path, opts: &kern_packs::PackOptions, out: &Path) -> Result<ExitCode> {
+fn run_gguf(file: &Path, opts: &kern_packs::PackOptions, out: &Path, dequantize: bool) -> Result<ExitCode> {
     let ckpt = kern_weights::Checkpoint::open(file)?;
     let g = ckpt.gguf().ok_or_else(|| anyhow!("{}: not a GGUF file", file.display()))?;
     let cfg = kern_packs::families::from_gguf(&ckpt, file).map_err(|e| anyhow!(e))?;
+    let mut opts = opts.clone();
+    if !dequantize {
+        // Every block tensor may stay in its blocks; the pack decides per weight.
+        opts.native = ckpt.names().into_iter().filter_map(|n| Some((n.to_string(), ckpt.tensor(n).ok()?.ggml?.block_dtype()?))).collect();
+    }
+    let opts = &opts;
     let path = kern_packs::generate_for_gguf(&cfg, opts, out)?;
     let hf = serde_json::to_string_pretty(&cfg.to_hf_json())?;
     std::fs::write(out.join("config.json"), hf + "\n").with_context(|| format!("cannot write {}", out.join("config.json").display()))?;
@@ -214,8 +227,23 @@ fn run_gguf(file: &Path, opts: &kern_packs::PackOptions, out: &Path) -> Result<E
         if cfg.tie_word_embeddings { "tied" } else { "separate output" },
         linked
     );
+    eprintln!("weight formats: {}", formats(&m));
     print!("{}", m.report());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The loaded weights by dtype: which stay in the file's blocks, which are bf16 / f32.
+fn formats(m: &kern_manifest::Manifest) -> String {
+    let mut by: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
+    for b in m.buffers.iter().filter(|b| kern_weights::is_loaded(b)) {
+        let e = by.entry(b.dtype.name()).or_default();
+        e.0 += 1;
+        e.1 += b.bytes_at_max;
+    }
+    let blocks = m.buffers.iter().filter(|b| kern_weights::is_loaded(b) && b.dtype.is_block()).count();
+    let parts: Vec<String> = by.iter().map(|(d, (n, bytes))| format!("{n} {d} ({:.1} MiB)", *bytes as f64 / (1 << 20) as f64)).collect();
+    let how = if blocks > 0 { "block dtypes stay in the file's blocks (GGUF-native), bf16 ones are dequantized at load" } else { "every weight dequantized at load" };
+    format!("{}: {how}", parts.join(", "))
 }
 
 /// Writes DIR/tokenizer.json and tokenizer_config.json (with the chat template) from the
