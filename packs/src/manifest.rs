@@ -785,6 +785,10 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         ("top_k", "i32", json!(["seqs"])),
         ("top_p", "f32", json!(["seqs"])),
         ("seeds", "u64", json!(["seqs"])),
+        // Constrained decoding (docs/step-abi.md, "Token masks"): per row -1 (free) or its row
+        // of allowed-token bits; the sampler never picks a token whose bit is 0.
+        ("token_mask", "u32", json!(["seqs", d.v.div_ceil(32)])),
+        ("mask_rows", "i32", json!(["seqs"])),
     ] {
         b.insert(name.into(), input(dtype, shape));
     }
@@ -1015,12 +1019,15 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
             "module": "rowwise", "entry": "gather_last",
             "params": ["out buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "i32", "i32", "i32"],
             "block": [128], "grid": ["seqs"], "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"i32": d.h}]}]}},
-        "sample": {"params": ["out buffer<i32>", "in buffer<f32>", "in buffer<f32>", "in buffer<i32>", "in buffer<f32>", "in buffer<u64>", "in buffer<i32>", "i32"],
+        "sample": {"params": ["out buffer<i32>", "in buffer<f32>", "in buffer<f32>", "in buffer<i32>", "in buffer<f32>", "in buffer<u64>", "in buffer<i32>",
+                             "in buffer<u32>", "in buffer<i32>", "i32"],
             "impl": {"launches": [{
-                "module": "sampling", "entry": "sample",
-                "params": ["out buffer<i32>", "in buffer<f32>", "in buffer<f32>", "in buffer<i32>", "in buffer<f32>", "in buffer<u64>", "in buffer<i32>", "i32", "i32"],
+                "module": "sampling", "entry": "sample_masked",
+                "params": ["out buffer<i32>", "in buffer<f32>", "in buffer<f32>", "in buffer<i32>", "in buffer<f32>", "in buffer<u64>", "in buffer<i32>",
+                           "in buffer<u32>", "in buffer<i32>", "i32", "i32", "i32"],
                 "block": [512], "grid": ["seqs"],
-                "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5}, {"param": 6}, {"param": 7}, {"i32": d.v}]}]}}
+                "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5}, {"param": 6},
+                         {"param": 7}, {"param": 8}, {"i32": d.v.div_ceil(32)}, {"param": 9}, {"i32": d.v}]}]}}
     });
 
     if sandwich {
@@ -1145,7 +1152,8 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         calls.push(json!({"label": "final_norm", "op": "add_rms_norm_last", "args": [buf("h_last"), buf("x_last"), buf("mlp_last"), buf("model.norm.weight"), var("seqs")]}));
         calls.push(json!({"label": "lm_head", "op": "lm_head", "args": [buf("h_last"), buf("lm_head.weight"), {"null": true}, buf("logits"), var("seqs")]}));
         calls.push(json!({"label": "sample", "op": "sample",
-            "args": [buf("sampled"), buf("logits"), buf("temperature"), buf("top_k"), buf("top_p"), buf("seeds"), buf("seq_lens"), var("seqs")]}));
+            "args": [buf("sampled"), buf("logits"), buf("temperature"), buf("top_k"), buf("top_p"), buf("seeds"), buf("seq_lens"),
+                     buf("token_mask"), buf("mask_rows"), var("seqs")]}));
         calls
     };
     let calls = program(d.layers, "kv", "qk_norm_rope", "attention");
@@ -1172,6 +1180,7 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                 "token_ids": "token_ids", "positions": "positions", "seq_lens": "seq_lens", "query_start": "query_start",
                 "slot_mapping": "slot_mapping", "block_tables": "block_tables", "last_token": "last_token",
                 "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "seeds": "seeds",
+                "token_mask": "token_mask", "mask_rows": "mask_rows",
                 "sampled": "sampled", "logits": "logits"
             }
         }

@@ -199,6 +199,15 @@ impl GpuModel {
         let m = kern_manifest::load(&manifest_path, &kern_manifest::CheckOptions { arch, ..Default::default() })
             .map_err(|d| err(format!("{d}{} error(s); `kern check {}` lists them", d.error_count(), manifest_path.display())))?;
         let step = m.step.clone().ok_or_else(|| err(format!("{}: the manifest has no `step` section: the engine drives a model through the step ABI (docs/step-abi.md)", manifest_path.display())))?;
+        // The sampler's token-mask inputs (constrained decoding), when the manifest binds them:
+        // one bit per token of the vocabulary in each mask row.
+        let mask_inputs = match (step.token_mask, step.vocab) {
+            (Some(t), Some(v)) if t.words != (v + 31) / 32 => {
+                return Err(err(format!("{}: step.token_mask has {} words per row, but a vocabulary of {v} needs {}", manifest_path.display(), t.words, (v + 31) / 32)))
+            }
+            (Some(t), _) => Some((t.mask, t.rows, t.words as usize)),
+            (None, _) => None,
+        };
         // A model without weights (a toy, a test) needs no checkpoint.
         let has_weights = m.buffers.iter().any(|b| b.role == kern_manifest::raw::Role::Weight);
         let ckpt = if has_weights {
@@ -296,7 +305,7 @@ impl GpuModel {
             (None, _) => 0,
         };
         let report = LoadReport { device_name: props.name.clone(), weight_bytes, load_secs: t0.elapsed().as_secs_f64(), pages, page_tokens };
-        Ok(GpuModel { rt, pools, offload: None, step, draft, info, graphs: opts.graphs, capture_at_start: opts.capture_at_start, blocking_steps: opts.blocking_steps, last_gpu_ms: None, nvars, mask_inputs: None, report, _ctx: ctx })
+        Ok(GpuModel { rt, pools, offload: None, step, draft, info, graphs: opts.graphs, capture_at_start: opts.capture_at_start, blocking_steps: opts.blocking_steps, last_gpu_ms: None, nvars, mask_inputs, report, _ctx: ctx })
     }
 
     /// Copies the step's arrays into the buffers `abi` binds: one asynchronous upload from

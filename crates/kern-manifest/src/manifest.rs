@@ -329,8 +329,20 @@ pub struct Step {
     pub logits: Option<BufferId>,
     /// The vocabulary size (the logits' second dimension), when `logits` is bound.
     pub vocab: Option<i64>,
+    /// The per-row token masks the sampler honours (constrained decoding), when bound.
+    pub token_mask: Option<TokenMask>,
     /// The per-token state paged by `slot_mapping` / `block_tables`.
     pub kv: Option<StateId>,
+}
+
+/// The step's token-mask inputs (docs/step-abi.md, "Token masks"): `mask` `[seqs, words]` u32
+/// bitmasks, `rows` `[seqs]` i32 (-1: the row is free, else its row of `mask`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenMask {
+    pub mask: BufferId,
+    pub rows: BufferId,
+    /// u32 words per mask row: ceil(vocab / 32).
+    pub words: i64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

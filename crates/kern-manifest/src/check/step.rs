@@ -4,7 +4,7 @@
 
 use super::Checker;
 use crate::diag::{did_you_mean, JsonPath};
-use crate::manifest::{BufferId, Sampling, StateId, StateSize, Step, VarId};
+use crate::manifest::{BufferId, Sampling, StateId, StateSize, Step, TokenMask, VarId};
 use crate::raw::Role;
 use crate::types::DType;
 
@@ -44,6 +44,10 @@ const SPECS: &[Spec] = &[
     Spec { role: "seeds", dtype: DType::U64, shape: &[Dim::Seqs], output: false, required: false },
     Spec { role: "sampled", dtype: DType::I32, shape: &[Dim::Seqs], output: true, required: true },
     Spec { role: "logits", dtype: DType::F32, shape: &[Dim::Seqs, Dim::AnyConst], output: true, required: false },
+    // Constrained decoding (docs/step-abi.md, "Token masks"): per row, -1 (no constraint) or the
+    // row of `token_mask` that holds its allowed tokens as bits (ceil(vocab / 32) words).
+    Spec { role: "token_mask", dtype: DType::U32, shape: &[Dim::Seqs, Dim::AnyConst], output: false, required: false },
+    Spec { role: "mask_rows", dtype: DType::I32, shape: &[Dim::Seqs], output: false, required: false },
 ];
 
 const SAMPLING: [&str; 4] = ["temperature", "top_k", "top_p", "seeds"];
@@ -66,6 +70,9 @@ pub(super) fn step_roles(s: &Step) -> Vec<(&'static str, BufferId)> {
     }
     out.push(("sampled", s.sampled));
     out.extend(s.logits.map(|b| ("logits", b)));
+    if let Some(t) = &s.token_mask {
+        out.extend([("token_mask", t.mask), ("mask_rows", t.rows)]);
+    }
     out
 }
 
@@ -122,6 +129,7 @@ impl Checker<'_> {
             }
         }
         ok &= self.sampling_together(|r| raw.buffers.contains_key(r), &bpath);
+        ok &= self.mask_together(|r| raw.buffers.contains_key(r), &bpath);
         let kv = raw.kv.as_ref().and_then(|k| match self.names.states.get(k) {
             Some(&i) if matches!(self.states[i].size, StateSize::PerToken { .. }) => Some(StateId(i)),
             Some(_) => {
@@ -197,6 +205,18 @@ impl Checker<'_> {
         true
     }
 
+    /// `token_mask` and `mask_rows` are bound both or neither.
+    pub(super) fn mask_together(&mut self, bound: impl Fn(&str) -> bool, p: &JsonPath) -> bool {
+        match (bound("token_mask"), bound("mask_rows")) {
+            (true, false) | (false, true) => {
+                let (given, missing) = if bound("token_mask") { ("token_mask", "mask_rows") } else { ("mask_rows", "token_mask") };
+                self.sink.error(p, format!("token mask roles come together: {given} bound but {missing} not"));
+                false
+            }
+            _ => true,
+        }
+    }
+
     /// A checked [`Step`] from role bindings already checked one by one, every required role
     /// among them and the sampling roles all or none.
     pub(super) fn assemble_step(&self, abi: u32, (tokens, seqs, pages): StepVars, bound: &[(&'static str, BufferId)], kv: Option<StateId>) -> Option<Step> {
@@ -223,6 +243,13 @@ impl Checker<'_> {
             sampled: get("sampled")?,
             logits,
             vocab,
+            token_mask: match (get("token_mask"), get("mask_rows")) {
+                (Some(mask), Some(rows)) => {
+                    let words = self.buffers[mask.0].shape.get(1).and_then(|e| e.as_const())?;
+                    Some(TokenMask { mask, rows, words })
+                }
+                _ => None,
+            },
             kv,
         })
     }
@@ -288,6 +315,7 @@ mod tests {
             sampled: b("sampled"),
             logits: Some(b("logits")),
             vocab: Some(10),
+            token_mask: Some(TokenMask { mask: b("token_mask"), rows: b("mask_rows"), words: 1 }),
             kv: None,
         };
         let roles = step_roles(&step);
