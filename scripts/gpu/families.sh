@@ -34,7 +34,9 @@
 # .carry/fam holds the Llama 3 and Gemma 3 tokenizer files (prepare-carry.sh), .whl/families the
 # gguf and openai wheels (stage.sh wheels). Environment: KERN (.carry/kern), KERNELS
 # (build/packs), WORK (/tmp/kern-families), OUT (/tmp/kern-out), PARITY_SMALL / PARITY_LARGE
-# (shape lists), STEPS (parity steps, default the shapes' own).
+# (shape lists), STEPS (parity steps, default the shapes' own), PARITY_LAYERS (every shape's
+# layer count: smoke runs), REAL_STEPS (64), DEVICE (cuda; cpu with KERN=scripts/gpu/
+# parity_fake_kern.py checks the plumbing of rope / parity / real on a machine without a GPU).
 #
 # $OUT gets (at most 8 files come back from a device call): families.txt (the table),
 # families.json (every section's numbers), families-logs.tgz (logs, per-section results).
@@ -66,6 +68,7 @@ PARITY_SMALL=${PARITY_SMALL:-smollm2-135m,llama-3.2-1b,gemma-3-1b-sw48,mistral-7
 PARITY_LARGE=${PARITY_LARGE:-llama-3.1-8b-l8,mistral-7b-l8,gemma-3-4b-sw96,llama-3.2-1b-long}
 STEPS_ARG=()
 [[ -n ${STEPS:-} ]] && STEPS_ARG=(--steps "$STEPS")
+DEVICE=${DEVICE:-cuda}  # torch device of the references (cpu: a plumbing run with scripts/gpu/parity_fake_kern.py as KERN)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # seconds a section needs to be started (its estimate; parity and serve stop starting shapes /
 # models on their own before the budget ends)
@@ -185,7 +188,7 @@ real_models() {  # MODEL...: one real_model.py per model, each only with time fo
   for m in "$@"; do
     l=$(left)
     if [[ $l -lt 60 ]]; then echo "real_model $m: not started (${l} s left)"; ok=1; continue; fi
-    args=(--model "$m" --kern "$K" --kernels "$KD" --work "$W/real-$m" --json "$RES/real-$m.json" --txt "$RES/real-$m.txt" --steps "${REAL_STEPS:-64}")
+    args=(--model "$m" --kern "$K" --kernels "$KD" --work "$W/real-$m" --json "$RES/real-$m.json" --txt "$RES/real-$m.txt" --steps "${REAL_STEPS:-64}" --device "$DEVICE")
     [[ $m == gemma-3-270m ]] && args+=(--ref-tokenizer "$TOK_DIR/gemma3-tokenizer")
     REAL_LOGS=$LOGS/real-$m-kern timeout --signal=TERM --kill-after=20 "$l" python3 scripts/gpu/real_model.py "${args[@]}" || ok=1
   done
@@ -200,7 +203,7 @@ for s in "${SECS[@]}"; do
       # parity.py starts no new shape after its --budget: leave ~90 s for the one in flight.
       pb=$(( $(left) - 90 )); [[ $pb -lt 1 ]] && pb=1
       run_section "$s" env PARITY_JSON="$RES/$s.json" PARITY_TXT="$RES/$s.txt" PARITY_LOGS="$LOGS/$s-kern" \
-        python3 scripts/gpu/parity.py --kern "$K" --kernels "$KD" --shapes "$shapes" "${STEPS_ARG[@]}" --work "$W/parity" --budget "$pb" ;;
+        python3 scripts/gpu/parity.py --kern "$K" --kernels "$KD" --shapes "$shapes" "${STEPS_ARG[@]}" --work "$W/parity" --budget "$pb" --device "$DEVICE" ;;
     real|real-qwen)
       if [[ $s == real-qwen ]]; then
         if bash scripts/gpu/stage.sh assemble qwen >>"$LOGS/stage.log" 2>&1; then run_section "$s" real_models qwen2.5-coder-0.5b

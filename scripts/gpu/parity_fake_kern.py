@@ -75,8 +75,14 @@ def generate(argv):
     t_load = time.time() - t0
     prompts = [[int(x) for x in p.split(",")] for p in a.prompt_ids]
     if a.prompt:
+        import shutil
+        import tempfile
         from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(a.model)
+        # The tokenizer files alone: AutoTokenizer would also read the directory's config.json.
+        tdir = tempfile.mkdtemp()
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(a.model, f), tdir)
+        tok = AutoTokenizer.from_pretrained(tdir)
         for text in a.prompt:
             if a.chat:
                 ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)

@@ -139,6 +139,13 @@ def prepare(key, spec, a):
     from transformers import AutoTokenizer
     d = os.path.join(a.work, key)
     log = os.path.join(a.work, f"{key}.log")
+    # What the model needs from the carry and the staging, checked before any work.
+    need = [os.path.join(a.tok_dir, t, "tokenizer.json") for t in (spec["ref"], spec.get("chat_template_from")) if t and t != "gguf"]
+    if spec["kind"] == "gguf":
+        need.append(os.path.join(a.gguf_dir, spec["file"]))
+    missing = [p for p in need if not os.path.isfile(p)]
+    if missing:
+        raise FileNotFoundError(f"missing {', '.join(missing)} (tokenizers: .carry/fam from prepare-carry.sh; GGUFs: scripts/gpu/stage.sh)")
     shutil.rmtree(d, ignore_errors=True)
     extra = []
     pack = ["--kernels", a.kernels, "--max-tokens", 512, "--max-seqs", 32, "--max-context", 2048]
