@@ -35,7 +35,8 @@
 # gguf and openai wheels (stage.sh wheels). Environment: KERN (.carry/kern), KERNELS
 # (build/packs), WORK (/tmp/kern-families), OUT (/tmp/kern-out), PARITY_SMALL / PARITY_LARGE
 # (shape lists), STEPS (parity steps, default the shapes' own), PARITY_LAYERS (every shape's
-# layer count: smoke runs), REAL_STEPS (64), DEVICE (cuda; cpu with KERN=scripts/gpu/
+# layer count: smoke runs), REAL_STEPS (64), REAL_PACK_ARGS (extra `kern pack --gguf` arguments
+# of the real section, e.g. "--dequantize": the bf16 path instead of GGUF-native), DEVICE (cuda; cpu with KERN=scripts/gpu/
 # parity_fake_kern.py checks the plumbing of rope / parity / real on a machine without a GPU).
 #
 # $OUT gets (at most 8 files come back from a device call): families.txt (the table),
@@ -190,6 +191,7 @@ real_models() {  # MODEL...: one real_model.py per model, each only with time fo
     if [[ $l -lt 60 ]]; then echo "real_model $m: not started (${l} s left)"; ok=1; continue; fi
     args=(--model "$m" --kern "$K" --kernels "$KD" --work "$W/real-$m" --json "$RES/real-$m.json" --txt "$RES/real-$m.txt" --steps "${REAL_STEPS:-64}" --device "$DEVICE")
     [[ $m == gemma-3-270m ]] && args+=(--ref-tokenizer "$TOK_DIR/gemma3-tokenizer")
+    for x in ${REAL_PACK_ARGS:-}; do args+=("--pack-arg=$x"); done
     REAL_LOGS=$LOGS/real-$m-kern timeout --signal=TERM --kill-after=20 "$l" python3 scripts/gpu/real_model.py "${args[@]}" || ok=1
   done
   return $ok

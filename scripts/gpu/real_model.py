@@ -18,8 +18,12 @@ added to every norm weight). It is loaded once in float32; the bf16 model is bui
 config with the fp32 weights cast (what from_pretrained(dtype=bfloat16) does: dequantize, cast),
 so the slow Python dequantization runs once.
   0. `kern pack --gguf` into --work/model (manifest, cubins, tokenizer from the GGUF metadata).
-  1. Weights: transformers' fp32 parameters equal `kern extract` (float32) bit for bit and the
-     bf16 model's equal `kern extract --raw` (kern's load-time bf16), for tensors stored alike:
+  0b. `kern pack --gguf` keeps projections, LM head and embedding in the file's blocks (GGUF-native,
+     the default since issue 25; the block kernels compute with the dequantized values);
+     --pack-arg=--dequantize packs the bf16 path instead — the parity rule is the same for both.
+  1. Weights: transformers' fp32 parameters equal `kern extract` (float32: kern's dequantizer) bit
+     for bit and the bf16 model's equal `kern extract --raw` (the bf16 rounding the --dequantize
+     path loads), for tensors stored alike:
      kern keeps the GGUF layout (adjacent-pair RoPE rows of `llama` files, `1 + w` norms of
      `gemma3` files), so q/k of a llama file are compared after transformers' un-permutation
      applied to kern's rows, and gemma3 norms as kern's value minus 1 in fp32 (fp32 only: the
