@@ -356,6 +356,8 @@ pub fn random(args: RandomArgs) -> Result<ExitCode> {
     };
     if let Some(l) = args.layers {
         cfg.num_hidden_layers = l;
+        // The first l layers keep their kinds (Gemma's pattern, Mistral's windows).
+        cfg.layer_types.truncate(l as usize);
     }
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(indicatif::ProgressStyle::with_template("{msg} {bar:40} {bytes}/{total_bytes} ({eta})").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));

@@ -145,6 +145,15 @@ pub fn gguf_name(hf: &str) -> Option<String> {
     )
 }
 
+/// `x` as a JSON integer when it is a whole number, else as a float.
+fn whole(x: f64) -> Value {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        json!(x as i64)
+    } else {
+        json!(x)
+    }
+}
+
 pub fn to_hf_json(c: &Config) -> Value {
     let pattern_matches = c.layer_types == pattern_layers(c.num_hidden_layers, 6);
     let mut v = json!({
@@ -163,7 +172,8 @@ pub fn to_hf_json(c: &Config) -> Value {
         "rope_scaling": c.rope_scaling.to_json(),
         "tie_word_embeddings": c.tie_word_embeddings,
         "max_position_embeddings": c.max_position_embeddings.unwrap_or(32768),
-        "query_pre_attn_scalar": c.query_pre_attn_scalar.unwrap_or(c.head_dim() as f64),
+        // An integer where it is one: transformers 5's strict config refuses 256.0 here.
+        "query_pre_attn_scalar": whole(c.query_pre_attn_scalar.unwrap_or(c.head_dim() as f64)),
         "sliding_window": c.sliding_window,
         "hidden_activation": "gelu_pytorch_tanh",
         "attention_bias": c.qkv_bias(),
@@ -198,6 +208,7 @@ mod tests {
         assert_eq!((c.window(0), c.window(5), c.window(6)), (Some(512), None, Some(512)));
         assert_eq!((c.rope_local_theta, c.rope_theta, c.norm, c.tensor_prefix.as_str()), (Some(10000.0), 1e6, NormKind::Offset(1.0), "model."));
         assert_eq!(c.attn_scale(), 1.0 / 16.0);
+        assert_eq!(to_hf_json(&c)["query_pre_attn_scalar"], json!(256), "an integer, as transformers' strict config wants");
         let mm = json!({"model_type": "gemma3", "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34,
             "num_attention_heads": 8, "num_key_value_heads": 4, "sliding_window": 1024, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}});
         let c = from_hf(&mm).unwrap();

@@ -13,7 +13,8 @@ pub fn from_hf(v: &Value) -> Result<Config, String> {
     hf.activation(&["silu"])?;
     let layers = hf.need_u64("num_hidden_layers")?;
     let max_pos = hf.u64("max_position_embeddings")?;
-    let (rope_theta, rope_scaling) = hf.rope(1e6, max_pos)?;
+    // transformers' Qwen2Config / Qwen3Config default (real checkpoints set 1e6).
+    let (rope_theta, rope_scaling) = hf.rope(10000.0, max_pos)?;
     // Qwen2's sliding window covers the layers from max_window_layers on, when turned on.
     let mut layer_types = hf.layer_types(layers)?;
     let mut sliding_window = None;
