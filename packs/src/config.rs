@@ -39,6 +39,9 @@ pub struct Config {
     pub o_bias: bool,
     /// Biases on the gate, up and down projections (Llama's `mlp_bias`).
     pub mlp_bias: bool,
+    /// Mixture of experts (Qwen3-MoE): which layers route each token to k of E expert MLPs,
+    /// and their sizes ([`crate::moe`]). `None`: every layer has the dense MLP.
+    pub moe: Option<crate::moe::MoeSpec>,
     /// Per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3).
     pub qk_norm: bool,
     /// How a norm applies its weight.
@@ -190,6 +193,7 @@ impl Config {
             return Err("sliding_window does not fit the kernels' 32-bit window".into());
         }
         crate::rope::check(&self.rope_scaling, d)?;
+        crate::moe::validate(self)?;
         Ok(())
     }
 

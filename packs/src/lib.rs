@@ -15,6 +15,8 @@
 //! * [`gguf`]: weight sources renamed for GGUF files and prefixed checkpoints;
 //! * [`quant`]: GGUF-native weights — projections, LM head and embedding kept in the file's
 //!   blocks and run by the block GEMVs / dequantize-then-GEMM;
+//! * [`moe`]: mixture-of-experts layers (router, permutation, grouped expert GEMMs, combine)
+//!   as buffers, ops and calls the builder adds for the layers a [`config::Config`] marks MoE;
 //! * [`random`]: seeded random weights in the Hugging Face safetensors layout plus a
 //!   `config.json` that transformers loads unchanged.
 
@@ -23,6 +25,7 @@ pub mod families;
 pub mod fused;
 pub mod gguf;
 pub mod manifest;
+pub mod moe;
 pub mod quant;
 pub mod random;
 pub mod rope;

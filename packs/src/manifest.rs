@@ -477,6 +477,7 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     if let Some(draft) = &opts.draft {
         check_draft(cfg, draft, opts.tp).map_err(PackError::Config)?;
     }
+    crate::moe::check(cfg, opts).map_err(PackError::Config)?;
     if opts.max_tokens == 0 || opts.max_seqs == 0 || opts.max_context == 0 || opts.page_tokens == 0 {
         return Err(PackError::Config("max tokens, seqs, context and page tokens must all be positive".into()));
     }
@@ -500,7 +501,7 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     let wide = (opts.batch_gemm == BatchGemm::Wide && opts.max_tokens.max(opts.max_seqs) >= 9).then_some(WIDE_MODULE);
     // With split decode and tensor-core prefill, attention_dD runs for no step size.
     let unused = |m: &&str| *m == "attention" && split.is_some() && prefill_tc.is_some();
-    for m in MODULES.iter().copied().filter(|m| !unused(m)).chain(split).chain(prefill_tc).chain(wide) {
+    for m in MODULES.iter().copied().filter(|m| !unused(m)).chain(split).chain(prefill_tc).chain(wide).chain(crate::moe::module(cfg)) {
         // With --pdl, the build of each non-GEMM module whose kernels wait first (the GEMM
         // kernels always wait after their weight prefetch).
         let file = if (opts.pdl || opts.pdl_small_steps) && !m.starts_with("gemm_") { format!("{m}.pdl.sm_90a.cubin") } else { format!("{m}.sm_90a.cubin") };
@@ -861,6 +862,9 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                 b.insert(format!("{p}.{n}.weight"), weight(json!([d.h]), json!({"tensor": format!("{p}.{n}.weight")})));
             }
         }
+        if crate::moe::layer_weights(cfg, l, &mut b) {
+            continue; // a mixture-of-experts layer: its router and experts instead (crate::moe)
+        }
         b.insert(
             format!("{p}.mlp.gate_up_proj.weight"),
             weight(json!([2 * d.i, d.h]), with_shard(json!({"concat": [format!("{p}.mlp.gate_proj.weight"), format!("{p}.mlp.up_proj.weight")], "axis": 0, "sizes": [d.i, d.i]}), 0)),
@@ -1053,6 +1057,7 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         let sizes = crate::fused::Sizes { h: d.h, i: d.i, qkv: d.qkv, attn: d.hq * d.d, eps, max_tokens: opts.max_tokens };
         o.extend(crate::fused::ops(&sizes, |n, k| gemm_launches(n, k, "tokens", opts.max_tokens, false, opts.batch_gemm)));
     }
+    crate::moe::extend(cfg, opts, &mut b, &mut ops, |n, k| gemm_launches(n, k, "tokens", opts.max_tokens, false, opts.batch_gemm));
     // After a row-parallel GEMM each rank holds a partial sum of the full output.
     let all_reduce = |label: String, b: &str| json!({"label": label, "op": "all_reduce", "args": [{"buf": b}]});
 
@@ -1129,11 +1134,16 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
             } else {
                 calls.push(json!({"label": format!("l{l}.post_attention_norm"), "op": "add_rms_norm", "args": [buf("h"), buf("x"), buf("o"), buf(&format!("{p}.post_attention_layernorm.weight")), var("tokens")]}));
             }
-            calls.push(json!({"label": format!("l{l}.gate_up_proj"), "op": "gate_up_proj",
-                "args": [buf("h"), buf(&format!("{p}.mlp.gate_up_proj.weight")), opt_bias(cfg.mlp_bias, format!("{p}.mlp.gate_up_proj.bias")), buf("gate_up"), var("tokens")]}));
-            calls.push(json!({"label": format!("l{l}.{act_op}"), "op": act_op, "args": [buf("act"), buf("gate_up"), var("tokens")]}));
-            calls.push(json!({"label": format!("l{l}.down_proj"), "op": "down_proj",
-                "args": [buf("act"), buf(&format!("{p}.mlp.down_proj.weight")), opt_bias(cfg.mlp_bias, format!("{p}.mlp.down_proj.bias")), buf("mlp"), var("tokens")]}));
+            if crate::moe::is_moe_layer(cfg, l) {
+                // A mixture-of-experts layer (crate::moe): router, top-k, permutation, experts, combine.
+                calls.extend(crate::moe::calls(l));
+            } else {
+                calls.push(json!({"label": format!("l{l}.gate_up_proj"), "op": "gate_up_proj",
+                    "args": [buf("h"), buf(&format!("{p}.mlp.gate_up_proj.weight")), opt_bias(cfg.mlp_bias, format!("{p}.mlp.gate_up_proj.bias")), buf("gate_up"), var("tokens")]}));
+                calls.push(json!({"label": format!("l{l}.{act_op}"), "op": act_op, "args": [buf("act"), buf("gate_up"), var("tokens")]}));
+                calls.push(json!({"label": format!("l{l}.down_proj"), "op": "down_proj",
+                    "args": [buf("act"), buf(&format!("{p}.mlp.down_proj.weight")), opt_bias(cfg.mlp_bias, format!("{p}.mlp.down_proj.bias")), buf("mlp"), var("tokens")]}));
+            }
             if opts.tp.is_some() {
                 calls.push(all_reduce(format!("l{l}.down_proj.all_reduce"), "mlp"));
             }

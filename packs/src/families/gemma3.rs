@@ -100,6 +100,7 @@ pub fn from_hf(v: &Value) -> Result<Config, String> {
         attention_bias: Some(bias),
         o_bias: bias,
         mlp_bias: false,
+        moe: None,
         qk_norm: true,
         norm: NormKind::Offset(1.0),
         sandwich_norms: true,

@@ -55,6 +55,7 @@ pub fn from_hf(v: &Value) -> Result<Config, String> {
         attention_bias: Some(bias),
         o_bias: bias,
         mlp_bias: hf.bool("mlp_bias")?.unwrap_or(false),
+        moe: None,
         qk_norm: false,
         norm: NormKind::Scale,
         sandwich_norms: false,

@@ -8,6 +8,7 @@
 //! | [`qwen`] | `qwen3`, `qwen2` | `qwen3`, `qwen2` |
 //! | [`llama`] | `llama`, `mistral` | `llama` |
 //! | [`gemma3`] | `gemma3_text`, `gemma3` (its text model) | `gemma3` |
+//! | [`qwen3_moe`] | `qwen3_moe` | `qwen3moe` |
 //!
 //! Adding a family: a module with the five functions of [`FamilyDef`] and a row in
 //! [`FAMILIES`]; no engine crate changes.
@@ -15,6 +16,7 @@
 pub mod gemma3;
 pub mod llama;
 pub mod qwen;
+pub mod qwen3_moe;
 
 use crate::config::Config;
 use kern_weights::gguf::{Gguf, Value as GValue};
@@ -27,6 +29,7 @@ pub enum Family {
     Qwen,
     Llama,
     Gemma3,
+    Qwen3Moe,
 }
 
 /// What a family provides.
@@ -87,6 +90,18 @@ pub const FAMILIES: &[FamilyDef] = &[
         from_gguf: gemma3::from_gguf,
         gguf_name: gemma3::gguf_name,
         to_hf_json: gemma3::to_hf_json,
+    },
+    FamilyDef {
+        family: Family::Qwen3Moe,
+        name: "qwen3_moe",
+        model_types: &["qwen3_moe"],
+        gguf_architectures: &["qwen3moe"],
+        about: "Qwen3-MoE (Qwen3-30B-A3B, 235B-A22B: routed experts, top-k of E, norm_topk_prob, decoder_sparse_step)",
+        end_of_turn: &["<|im_end|>", "<|endoftext|>"],
+        from_hf: qwen3_moe::from_hf,
+        from_gguf: qwen3_moe::from_gguf,
+        gguf_name: qwen3_moe::gguf_name,
+        to_hf_json: qwen3_moe::to_hf_json,
     },
 ];
 
@@ -317,6 +332,7 @@ impl Meta<'_> {
             attention_bias: Some(self.has("blk.0.attn_q.bias")),
             o_bias: false,
             mlp_bias: false,
+            moe: None,
             qk_norm: self.has("blk.0.attn_q_norm.weight"),
             norm: crate::config::NormKind::Scale,
             sandwich_norms: false,

@@ -51,6 +51,7 @@ pub fn from_hf(v: &Value) -> Result<Config, String> {
         attention_bias: Some(hf.bool("attention_bias")?.unwrap_or(model_type == "qwen2")),
         o_bias: false,
         mlp_bias: false,
+        moe: None,
         qk_norm: model_type == "qwen3",
         norm: NormKind::Scale,
         sandwich_norms: false,
