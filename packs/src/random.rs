@@ -68,6 +68,18 @@ pub fn tensors(cfg: &Config) -> Vec<TensorSpec> {
             out.push(t(format!("{p}.pre_feedforward_layernorm.weight"), vec![h], norm));
             out.push(t(format!("{p}.post_feedforward_layernorm.weight"), vec![h], norm));
         }
+        if let Some(m) = cfg.moe.as_ref().filter(|m| m.is_moe(l)) {
+            // A mixture-of-experts layer: the router, then every expert's SwiGLU (the Hub's
+            // per-expert layout, which transformers reads for Qwen3MoeForCausalLM).
+            let (e, mi) = (m.num_experts as usize, m.intermediate as usize);
+            out.push(t(format!("{p}.mlp.gate.weight"), vec![e, h], lin));
+            for x in 0..e {
+                out.push(t(format!("{p}.mlp.experts.{x}.gate_proj.weight"), vec![mi, h], lin));
+                out.push(t(format!("{p}.mlp.experts.{x}.up_proj.weight"), vec![mi, h], lin));
+                out.push(t(format!("{p}.mlp.experts.{x}.down_proj.weight"), vec![h, mi], lin));
+            }
+            continue;
+        }
         out.push(t(format!("{p}.mlp.gate_proj.weight"), vec![i, h], lin));
         out.push(t(format!("{p}.mlp.up_proj.weight"), vec![i, h], lin));
         out.push(t(format!("{p}.mlp.down_proj.weight"), vec![h, i], lin));

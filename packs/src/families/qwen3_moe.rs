@@ -22,14 +22,15 @@ pub fn from_hf(v: &Value) -> Result<Config, String> {
     let mut c = super::qwen::from_hf(v)?;
     c.family = Family::Qwen3Moe;
     c.qk_norm = true;
-    let layers = c.num_hidden_layers;
+    // Indices past the last layer name no layer (transformers ignores them too: `kern
+    // random-weights --layers` may cut a model below its dense layers).
     let dense: Vec<u64> = match v.get("mlp_only_layers").filter(|x| !x.is_null()) {
         None => vec![],
         Some(a) => a
             .as_array()
             .ok_or_else(|| format!("`mlp_only_layers` is {a}, not a list"))?
             .iter()
-            .map(|x| x.as_u64().filter(|&l| l < layers).ok_or_else(|| format!("`mlp_only_layers` has {x}: not a layer of {layers}")))
+            .map(|x| x.as_u64().ok_or_else(|| format!("`mlp_only_layers` has {x}: not a layer index")))
             .collect::<Result<_, _>>()?,
     };
     // Qwen3MoeConfig's defaults.
@@ -126,7 +127,7 @@ mod tests {
         assert_eq!((m.num_experts, m.top_k, m.intermediate, m.norm_topk_prob), (16, 4, 32, true));
         assert_eq!((0..4).map(|l| crate::moe::is_moe_layer(&c, l)).collect::<Vec<_>>(), [false, true, false, false]);
         assert!(c.qk_norm && !c.qkv_bias());
-        assert_eq!(from_hf(&to_hf_json(&c)).unwrap(), c, "config.json written and read back");
+        assert_eq!(from_hf(&to_hf_json(&c)).unwrap(), Config { max_position_embeddings: Some(40960), ..c.clone() }, "config.json written and read back");
         for (hf, g) in [
             ("model.layers.3.mlp.gate.weight", "blk.3.ffn_gate_inp.weight"),
             ("model.layers.3.mlp.experts.gate_proj.weight", "blk.3.ffn_gate_exps.weight"),
@@ -136,7 +137,10 @@ mod tests {
             assert_eq!(gguf_name(hf).as_deref(), Some(g), "{hf}");
         }
         let e = from_hf(&json!({"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-            "num_attention_heads": 2, "head_dim": 64, "vocab_size": 10, "mlp_only_layers": [5]})).unwrap_err();
+            "num_attention_heads": 2, "head_dim": 64, "vocab_size": 10, "mlp_only_layers": [-1]})).unwrap_err();
         assert!(e.contains("mlp_only_layers"), "{e}");
+        let e = Config::from_hf(&json!({"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "head_dim": 64, "vocab_size": 10, "num_experts": 4, "num_experts_per_tok": 8})).unwrap_err();
+        assert!(e.contains("num_experts_per_tok 8"), "{e}");
     }
 }

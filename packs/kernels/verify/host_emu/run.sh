@@ -8,6 +8,8 @@
 #   rowwise-ref        rowwise.cu vs transformers-order references (Gemma3RMSNorm, GeGLU, scaled embedding)
 #   sampling           sampling.cu's sample_masked (the step ABI's token mask) vs sample with forbidden logits at -inf
 #   gemv-gguf          gemv_gguf.cu: GGUF GEMVs vs fp64, batch invariance; dequant_* vs gguf-py's bits
+#   moe                moe.cu: router softmax / top-k vs PyTorch's order (bits), permutation vs a stable
+#                      counting sort, grouped GEMMs vs fp64 (s = l, batch invariance), combine, the block
 # JOBS (default 2) emulations build and run at once; each one's output is printed whole, in this
 # order, with its time. Exit status 1 when any build or check fails.
 #   bash packs/kernels/verify/host_emu/run.sh
@@ -19,7 +21,7 @@ BIN="$(mktemp -d "${TMPDIR:-/tmp}/kern-host-emu.XXXXXX")"
 trap 'rm -rf "$BIN"' EXIT
 CXX=(g++ -std=c++20 -O2 -w -I "$HERE" -include "$HERE/emu.h" -x c++)
 
-NAMES=(attention-decode attention-prefill gemv-fused rope rowwise-ref sampling gemv-gguf)
+NAMES=(attention-decode attention-prefill gemv-fused rope rowwise-ref sampling gemv-gguf moe)
 sources() {
     case "$1" in
         attention-decode) echo "attention_decode_emu.cpp attention_emu.cpp" ;;
@@ -29,6 +31,7 @@ sources() {
         rowwise-ref) echo "rowwise_ref_emu.cpp" ;;
         sampling) echo "sampling_emu.cpp" ;;
         gemv-gguf) echo "gemv_gguf_emu.cpp" ;;
+        moe) echo "moe_emu.cpp rowwise_emu.cpp" ;;
     esac
 }
 
