@@ -8,6 +8,8 @@
 #   rowwise-ref        rowwise.cu vs transformers-order references (Gemma3RMSNorm, GeGLU, scaled embedding)
 #   sampling           sampling.cu's sample_masked (the step ABI's token mask) vs sample with forbidden logits at -inf
 #   gemv-gguf          gemv_gguf.cu: GGUF GEMVs vs fp64, batch invariance; dequant_* vs gguf-py's bits
+#   fp8                gemm_fp8.cu (FP8 GEMVs, dequant, activation quantization) and gemm_fp8_wgmma.cu
+#                      (W8A8 wgmma GEMM, wgmma emulated from its descriptors) vs the E4M3 definition / fp64
 #   moe                moe.cu: router softmax / top-k vs PyTorch's order (bits), permutation vs a stable
 #                      counting sort, grouped GEMMs vs fp64 (s = l, batch invariance), combine, the block
 # JOBS (default 2) emulations build and run at once; each one's output is printed whole, in this
@@ -31,6 +33,7 @@ sources() {
         rowwise-ref) echo "rowwise_ref_emu.cpp" ;;
         sampling) echo "sampling_emu.cpp" ;;
         gemv-gguf) echo "gemv_gguf_emu.cpp" ;;
+        fp8) echo "fp8_emu.cpp fp8_wgmma_emu.cpp" ;;
         moe) echo "moe_emu.cpp rowwise_emu.cpp" ;;
     esac
 }
