@@ -206,3 +206,45 @@ fn stacked_gguf_experts_load_as_the_same_layout() {
     assert_eq!(bytes(&ckpt, &m, "model.layers.1.mlp.experts.down_proj.weight"), ckpt.read_as("blk.1.ffn_down_exps.weight", DType::Bf16).unwrap());
     assert_eq!(kern_packs::families::to_hf_json(&cfg)["mlp_only_layers"], serde_json::json!([0]));
 }
+
+/// docs/moe.md, "Expert parallelism, on paper": the declarations a two-rank expert-parallel
+/// manifest needs that the manifest already has — the stacked experts cut along the expert
+/// dimension (gate and up concatenated along it), an all-reduce of the MoE output — pass
+/// `kern check`, and each rank's slices load from the GGUF file. (The rank's first expert as a
+/// kernel argument is the kern-manifest change the doc describes; the kernels here still take
+/// every expert.)
+#[test]
+fn expert_parallel_declarations_are_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tiny-moe.gguf");
+    std::fs::write(&file, tiny_gguf()).unwrap();
+    let ckpt = Checkpoint::open(&file).unwrap();
+    let cfg = kern_packs::families::from_gguf(&ckpt, &file).unwrap();
+    let opts = PackOptions { kernels: kernels(), max_tokens: 128, max_seqs: 4, max_context: 256, ..Default::default() };
+    let path = generate_for_gguf(&cfg, &opts, &dir.path().join("p")).unwrap();
+    let mut m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let shard = serde_json::json!({"dim": 0, "parts": 2, "part": "rank"});
+    m["parallel"] = serde_json::json!({"tp": 2});
+    m["buffers"]["model.layers.1.mlp.experts.down_proj.weight"] =
+        serde_json::json!({"dtype": "bf16", "shape": [4, 128, 32], "role": "weight", "from": {"tensor": "blk.1.ffn_down_exps.weight", "shard": shard}});
+    m["buffers"]["model.layers.1.mlp.experts.gate_up_proj.weight"] = serde_json::json!({"dtype": "bf16", "shape": [8, 32, 128], "role": "weight",
+        "from": {"concat": ["blk.1.ffn_gate_exps.weight", "blk.1.ffn_up_exps.weight"], "axis": 0, "sizes": [4, 4], "shard": shard}});
+    m["ops"]["all_reduce"] = serde_json::json!({"params": ["inout buffer<bf16>"], "impl": {"collective": "all_reduce_sum"}});
+    let calls = m["program"]["calls"].as_array_mut().unwrap();
+    let at = calls.iter().position(|c| c["label"] == "l1.moe_combine").unwrap();
+    calls.insert(at + 1, serde_json::json!({"label": "l1.moe_combine.all_reduce", "op": "all_reduce", "args": [{"buf": "mlp"}]}));
+    let ep = dir.path().join("p/model.ep.json");
+    std::fs::write(&ep, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+    let m = load(&ep, &CheckOptions::default()).unwrap_or_else(|d| panic!("{d}"));
+    assert_eq!((m.tp(), m.has_collectives()), (2, true));
+    for rank in 0..2 {
+        let problems = kern_weights::check_rank(&ckpt, &m.buffers, rank);
+        assert!(problems.is_empty(), "rank {rank}: {problems:#?}");
+    }
+    // Rank 1's down experts are experts 4..8 of the file.
+    let b = &m.buffers[m.buffer("model.layers.1.mlp.experts.down_proj.weight").unwrap().0];
+    let mut got = vec![0u8; b.bytes_at_max as usize];
+    kern_weights::materialize_rank(&ckpt, b, 1, &mut got).unwrap();
+    let all = ckpt.read_as("blk.1.ffn_down_exps.weight", DType::Bf16).unwrap();
+    assert!(got[..] == all[all.len() / 2..]);
+}
