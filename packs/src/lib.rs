@@ -22,6 +22,7 @@
 
 pub mod config;
 pub mod families;
+pub mod fp8;
 pub mod fused;
 pub mod gguf;
 pub mod manifest;

@@ -81,6 +81,9 @@ pub struct PackOptions {
     /// tensor (by its name in the file) that may stay in its blocks. Empty: every weight is
     /// loaded as bf16 (`kern pack --dequantize`, and every safetensors checkpoint).
     pub native: std::collections::BTreeMap<String, kern_manifest::DType>,
+    /// FP8 weights (issue 25, [`crate::fp8`]): the checkpoint's block-scaled E4M3 tensors and how
+    /// prefill runs them. Empty `weights`: no FP8 pass.
+    pub fp8: crate::fp8::Fp8Options,
 }
 
 impl Default for PackOptions {
@@ -101,6 +104,7 @@ impl Default for PackOptions {
             batch_gemm: BatchGemm::Wide,
             decode_fusion: false,
             native: Default::default(),
+            fp8: Default::default(),
         }
     }
 }
@@ -524,6 +528,14 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
         let native = crate::quant::apply(&mut m, &|t| opts.native.get(t).copied(), opts.max_tokens, opts.pdl || opts.pdl_small_steps).map_err(PackError::Config)?;
         for module in native.modules {
             let file = if (opts.pdl || opts.pdl_small_steps) && module == crate::quant::EMBED_MODULE { format!("{module}.pdl.sm_90a.cubin") } else { format!("{module}.sm_90a.cubin") };
+            let sha = copy_module(&opts.kernels, &file, out)?;
+            m["modules"][module] = json!({"source": file, "sha256": sha});
+        }
+    }
+    if !opts.fp8.weights.is_empty() {
+        let fp8 = crate::fp8::apply(&mut m, &opts.fp8, opts.max_tokens, opts.pdl || opts.pdl_small_steps).map_err(PackError::Config)?;
+        for module in fp8.modules {
+            let file = format!("{module}.sm_90a.cubin");
             let sha = copy_module(&opts.kernels, &file, out)?;
             m["modules"][module] = json!({"source": file, "sha256": sha});
         }

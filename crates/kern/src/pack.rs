@@ -106,6 +106,17 @@ pub struct Args {
     /// blocks and running them with the block kernels (the default).
     #[arg(long, requires = "gguf")]
     dequantize: bool,
+    /// Quantize the checkpoint beside --config at pack time: `fp8` writes it into -o (another
+    /// directory) as a Hugging Face fine-grained FP8 checkpoint — projections as e4m3 with f32
+    /// scales per 128 x 128 block (absmax / 448), everything else copied — and packs that. An FP8
+    /// checkpoint (quantization_config fp8) packs as it is, without this flag (docs/quantization.md).
+    #[arg(long, value_name = "FORMAT", conflicts_with = "gguf")]
+    quant: Option<kern_packs::fp8::Quant>,
+    /// Prefill (steps of more than 64 rows) of FP8 projections: `dequant` (the default: e4m3 →
+    /// bf16 scratch, then the bf16 wgmma GEMM) or `w8a8` (activations quantized per token and
+    /// 128 channels, then the FP8 wgmma GEMM, gemm_fp8_wgmma.cu; not yet measured on a GPU).
+    #[arg(long, value_name = "KIND", default_value = "dequant")]
+    fp8_prefill: kern_packs::fp8::Fp8Prefill,
 }
 
 /// `on` / `off` as a bool (clap value parser).
@@ -147,11 +158,13 @@ fn options(args: &Args) -> kern_packs::PackOptions {
         decode_fusion: args.decode_fusion,
         // Filled from the GGUF file's tensor types (run_gguf), unless --dequantize.
         native: Default::default(),
+        // Filled from the checkpoint's FP8 tensors (kern_packs::fp8::prepare).
+        fp8: kern_packs::fp8::Fp8Options { prefill: args.fp8_prefill, ..Default::default() },
     }
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let opts = options(&args);
+    let mut opts = options(&args);
     if let Some(file) = &args.gguf {
         return run_gguf(file, &opts, &args.out, args.dequantize);
     }
@@ -161,9 +174,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
     // A checkpoint beside the config may keep the decoder under another prefix than the
     // family's default (a Gemma 3 checkpoint saved by a newer transformers).
     checkpoint_prefix(config.parent(), &mut cfg);
+    let fp8 = kern_packs::fp8::prepare(config, &args.out, args.quant, &cfg, &mut opts)?;
     let path = kern_packs::generate(&cfg, &opts, &args.out)?;
     // The generated manifest must pass the same check `kern check` runs.
     let m = crate::check::load(&path, kern_binary::Arch::new(90))?;
+    if let Some((dir, what)) = &fp8 {
+        // FP8 weights cannot be converted at load: every one must fit its buffer now.
+        if let Ok(ckpt) = kern_weights::Checkpoint::open(dir) {
+            let problems: Vec<String> = kern_weights::check(&ckpt, &m.buffers).iter().map(|e| e.to_string()).collect();
+            if !problems.is_empty() {
+                bail!("{}: the FP8 checkpoint does not fit the manifest:\n  {}", dir.display(), problems.join("\n  "));
+            }
+        }
+        eprintln!("{what}");
+    }
     eprintln!("wrote {}:", path.display());
     print!("{}", m.report());
     Ok(ExitCode::SUCCESS)
@@ -343,6 +367,11 @@ pub struct RandomArgs {
     /// Override the number of layers (for quick tests with real layer shapes).
     #[arg(long)]
     layers: Option<u64>,
+    /// `fp8`: the same random weights with the projections quantized (e4m3, f32 scales per
+    /// 128 x 128 block) in the Hugging Face fine-grained FP8 layout, config.json with its
+    /// quantization_config — what transformers' FP8 loading and `kern pack` both read.
+    #[arg(long, value_name = "FORMAT")]
+    quant: Option<kern_packs::fp8::Quant>,
 }
 
 pub fn random(args: RandomArgs) -> Result<ExitCode> {
@@ -362,10 +391,14 @@ pub fn random(args: RandomArgs) -> Result<ExitCode> {
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(indicatif::ProgressStyle::with_template("{msg} {bar:40} {bytes}/{total_bytes} ({eta})").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
     bar.set_message("writing random weights");
-    kern_packs::random::write(&cfg, args.seed, &args.out, args.shard_size, |done, total| {
+    let progress = |done, total| {
         bar.set_length(total);
         bar.set_position(done);
-    })?;
+    };
+    match args.quant {
+        Some(kern_packs::fp8::Quant::Fp8) => drop(kern_packs::fp8::write_random(&cfg, args.seed, &args.out, args.shard_size, progress)?),
+        None => kern_packs::random::write(&cfg, args.seed, &args.out, args.shard_size, progress)?,
+    }
     bar.finish();
     eprintln!("wrote {} (config.json + safetensors, seed {})", args.out.display(), args.seed);
     Ok(ExitCode::SUCCESS)

@@ -129,6 +129,8 @@ pub fn for_model_type(model_type: &str) -> Option<&'static FamilyDef> {
 pub fn from_hf(v: &Value) -> Result<Config, String> {
     let t = v.get("model_type").and_then(Value::as_str).ok_or("no `model_type` field")?;
     let d = for_model_type(t).ok_or_else(|| format!("model_type `{t}` has no family in this kern; supported: {}", model_types().join(", ")))?;
+    // A quantized checkpoint kern cannot run is refused here, by name (FP8 blocks pass: crate::fp8).
+    crate::fp8::scheme(v)?;
     (d.from_hf)(v)
 }
 
