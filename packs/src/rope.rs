@@ -162,7 +162,9 @@ pub fn inv_freq(theta: f64, d: u64, s: &RopeScaling) -> Option<Vec<f32>> {
                         let scaled = if wl > low_wl { inv / factor } else { inv };
                         let smooth = ((1.0 / wl) * l0 as f32 - low as f32) / (high as f32 - low as f32);
                         let smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
-                        let medium = !(wl < high_wl) && !(wl > low_wl);
+                        // torch: ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen);
+                        // the tables hold no NaN, so this is the closed band.
+                        let medium = wl >= high_wl && wl <= low_wl;
                         if medium {
                             smoothed
                         } else {

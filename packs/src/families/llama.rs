@@ -129,7 +129,7 @@ pub fn to_hf_json(c: &Config) -> Value {
     });
     if mistral {
         v["sliding_window"] = c.sliding_window.into();
-        if c.layer_types.iter().any(|t| *t == LayerType::Full) {
+        if c.layer_types.contains(&LayerType::Full) {
             v["layer_types"] = layer_types_json(c);
         }
     }
