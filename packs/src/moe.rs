@@ -69,7 +69,7 @@ pub struct MoeSpec {
 impl MoeSpec {
     /// Whether layer `l` routes its tokens to experts (transformers' `Qwen3MoeDecoderLayer`).
     pub fn is_moe(&self, l: u64) -> bool {
-        !self.mlp_only_layers.contains(&l) && self.num_experts > 0 && self.decoder_sparse_step > 0 && (l + 1) % self.decoder_sparse_step == 0
+        !self.mlp_only_layers.contains(&l) && self.num_experts > 0 && self.decoder_sparse_step > 0 && (l + 1).is_multiple_of(self.decoder_sparse_step)
     }
 }
 
