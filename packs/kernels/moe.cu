@@ -6,6 +6,7 @@
 //   moe_topk     one warp per token: softmax in fp32 over the E bf16 logits exactly as PyTorch's
 //                persistent warp softmax computes it, the top k (larger first, ties to the lower
 //                index, as torch.topk), optional renormalization, weights rounded to bf16
+//   moe_topk_route  both in one launch (one CTA) for steps of few tokens
 //   moe_route    one CTA: per-expert counts, offsets [E+1] and the permutation of the tokens·k
 //                (token, slot) pairs grouped by expert, stable (pair order within an expert), so
 //                the layout never depends on thread timing
@@ -80,13 +81,9 @@ static __device__ __forceinline__ bool moe_better(float v, int i, float bv, int 
 // the sub-warp of P lanes, element l), the max and the per-lane sums of expf(x - max) in it order,
 // a butterfly sum over lanes (xor 16, 8, 4, 2, 1: the offsets above P / 2 add exact zeros here),
 // and p = e / sum. Every operation is PyTorch's, so the probabilities are bit-identical.
-extern "C" __global__ void __launch_bounds__(128)
-moe_topk(const bf16* __restrict__ logits, int* __restrict__ ids, float* __restrict__ w, int n, int E, int K, int flags) {
-    KERN_PDL_WAIT();
-    const int lane = threadIdx.x & 31;
-    const int t = blockIdx.x * 4 + (threadIdx.x >> 5);
-    if (E < 1 || E > MOE_MAX_EXPERTS || K < 1 || K > MOE_MAX_TOPK || K > E) __trap();
-    if (t >= n) return;  // warp-uniform
+// One token's routing by one warp (every lane calls it).
+__device__ __forceinline__ void moe_topk_warp(const bf16* __restrict__ logits, int* __restrict__ ids, float* __restrict__ w, int t, int E,
+                                              int K, int flags, int lane) {
     constexpr int IT = MOE_MAX_EXPERTS / 32;
     const bf16* row = logits + (size_t)t * E;
     float v[IT];
@@ -150,6 +147,15 @@ moe_topk(const bf16* __restrict__ logits, int* __restrict__ ids, float* __restri
     }
 }
 
+extern "C" __global__ void __launch_bounds__(128)
+moe_topk(const bf16* __restrict__ logits, int* __restrict__ ids, float* __restrict__ w, int n, int E, int K, int flags) {
+    KERN_PDL_WAIT();
+    const int t = blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (E < 1 || E > MOE_MAX_EXPERTS || K < 1 || K > MOE_MAX_TOPK || K > E) __trap();
+    if (t >= n) return;  // warp-uniform
+    moe_topk_warp(logits, ids, w, t, E, K, flags, threadIdx.x & 31);
+}
+
 // ================================================================== permutation
 // ids [n, K] -> offsets [E+1] (exclusive prefix of the per-expert counts; offsets[E] = n·K),
 // sorted [n·K] (the pair p = t·K + j at each expert-grouped position), pos [n·K] (its inverse).
@@ -158,10 +164,10 @@ moe_topk(const bf16* __restrict__ logits, int* __restrict__ ids, float* __restri
 // lower warps of the chunk (per-warp counts in shared memory, scanned per expert), plus those in
 // lower lanes of its warp (__match_any_sync). grid [1], block [1024]. An id outside [0, E) (never
 // written by moe_topk) is taken as expert 0, so nothing is indexed out of bounds.
-extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
-moe_route(const int* __restrict__ ids, int* __restrict__ offsets, int* __restrict__ sorted, int* __restrict__ pos, int n, int E,
-          int K) {
-    KERN_PDL_WAIT();
+// `ids` is not __restrict__: moe_topk_route writes it earlier in the same kernel, so it must not
+// be read through the non-coherent (read-only) cache.
+__device__ __forceinline__ void moe_route_block(const int* ids, int* __restrict__ offsets, int* __restrict__ sorted,
+                                                int* __restrict__ pos, int n, int E, int K) {
     __shared__ int run[MOE_MAX_EXPERTS];   // counts, then each expert's next position
     __shared__ int tot[MOE_MAX_EXPERTS];   // this chunk's pairs per expert
     __shared__ unsigned short wc[32 * MOE_MAX_EXPERTS];  // [warp][expert]: count, then exclusive prefix
@@ -225,6 +231,27 @@ moe_route(const int* __restrict__ ids, int* __restrict__ offsets, int* __restric
         for (int x = tid; x < E; x += MOE_ROUTE_THREADS) run[x] += tot[x];
         // (the next chunk's first barrier orders these updates before its reads)
     }
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
+moe_route(const int* __restrict__ ids, int* __restrict__ offsets, int* __restrict__ sorted, int* __restrict__ pos, int n, int E,
+          int K) {
+    KERN_PDL_WAIT();
+    moe_route_block(ids, offsets, sorted, pos, n, E, K);
+}
+
+// moe_topk then moe_route in one launch, for steps of few tokens (the manifest: at most 64): the
+// 32 warps of the CTA route tokens w, w + 32, ... with moe_topk's code, then the CTA permutes them
+// with moe_route's — the same outputs bit for bit, one launch fewer per MoE layer. grid [1],
+// block [1024].
+extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
+moe_topk_route(const bf16* __restrict__ logits, int* ids, float* __restrict__ w, int* __restrict__ offsets,
+               int* __restrict__ sorted, int* __restrict__ pos, int n, int E, int K, int flags) {
+    KERN_PDL_WAIT();
+    if (E < 1 || E > MOE_MAX_EXPERTS || K < 1 || K > MOE_MAX_TOPK || K > E) __trap();
+    for (int t = threadIdx.x >> 5; t < n; t += MOE_ROUTE_THREADS / 32) moe_topk_warp(logits, ids, w, t, E, K, flags, threadIdx.x & 31);
+    __syncthreads();  // the ids in global memory, visible to the whole CTA
+    moe_route_block(ids, offsets, sorted, pos, n, E, K);
 }
 
 // ================================================================== grouped expert GEMM

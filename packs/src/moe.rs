@@ -10,8 +10,7 @@
 //! | call | op | kernel | writes |
 //! |---|---|---|---|
 //! | `lL.router` | `moe_router` | the dense GEMMs (`gemm_launches`, N = E) | `moe_logits` [tokens, E] bf16 |
-//! | `lL.moe_topk` | `moe_topk` | `moe_topk` (one warp per token: softmax fp32, top-k, renorm) | `moe_ids`, `moe_w` [tokens, k] |
-//! | `lL.moe_route` | `moe_route` | `moe_route` (one CTA: counts, offsets, stable permutation) | `moe_offsets` [E+1], `moe_sorted`, `moe_pos` [tokens·k] |
+//! | `lL.moe_select` | `moe_select` | `moe_topk` (one warp per token: softmax fp32, top-k, renorm), then `moe_route` (one CTA: counts, offsets, stable permutation); steps of ≤ 64 tokens: both in one launch, `moe_topk_route` | `moe_ids`, `moe_w` [tokens, k]; `moe_offsets` [E+1], `moe_sorted`, `moe_pos` [tokens·k] |
 //! | `lL.experts_gate_up` | `moe_gate_up` | `moe_gemm_s` / `moe_gemm_l` (grouped, rows gathered) | `moe_gate_up` [tokens·k, 2I] |
 //! | `lL.experts_swiglu` | `moe_swiglu` | rowwise `swiglu` over tokens·k rows | `moe_act` [tokens·k, I] |
 //! | `lL.experts_down` | `moe_down` | `moe_gemm_s` / `moe_gemm_l` | `moe_y` [tokens·k, H] |
@@ -226,17 +225,27 @@ pub fn extend(cfg: &Config, opts: &PackOptions, b: &mut Map<String, Value>, ops:
     }
     let proj = ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"];
     o.insert("moe_router".into(), json!({"params": proj, "impl": {"launches": gemm(e, h)}}));
-    // Bit 0: norm_topk_prob.
-    o.insert("moe_topk".into(), json!({"params": ["in buffer<bf16>", "out buffer<i32>", "out buffer<f32>", "i32"], "impl": {"launches": [{
-        "module": MODULE, "entry": "moe_topk",
-        "params": ["in buffer<bf16>", "out buffer<i32>", "out buffer<f32>", "i32", "i32", "i32", "i32"],
-        "block": [128], "grid": ["ceil(tokens/4)"],
-        "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"i32": e}, {"i32": topk}, {"i32": i32::from(m.norm_topk_prob)}]}]}}));
-    o.insert("moe_route".into(), json!({"params": ["in buffer<i32>", "out buffer<i32>", "out buffer<i32>", "out buffer<i32>", "i32"], "impl": {"launches": [{
-        "module": MODULE, "entry": "moe_route",
-        "params": ["in buffer<i32>", "out buffer<i32>", "out buffer<i32>", "out buffer<i32>", "i32", "i32", "i32"],
-        "block": [1024], "grid": [1],
-        "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"i32": e}, {"i32": topk}]}]}}));
+    // Routing: [logits, ids, w, offsets, sorted, pos, tokens]. Flags bit 0: norm_topk_prob. Up to
+    // SMALL_MAX_TOKENS tokens one launch does both (moe_topk_route: the same bits, a launch fewer
+    // per layer at decode); above, a warp per token, then the one-CTA permutation.
+    let flags = i32::from(m.norm_topk_prob);
+    let mut select = vec![json!({"module": MODULE, "entry": "moe_topk_route",
+        "params": ["in buffer<bf16>", "out buffer<i32>", "out buffer<f32>", "out buffer<i32>", "out buffer<i32>", "out buffer<i32>", "i32", "i32", "i32", "i32"],
+        "block": [1024], "grid": [within(1, Some(SMALL_MAX_TOKENS))],
+        "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5}, {"param": 6}, {"i32": e}, {"i32": topk}, {"i32": flags}]})];
+    if opts.max_tokens > SMALL_MAX_TOKENS {
+        let large = within(SMALL_MAX_TOKENS + 1, None);
+        select.push(json!({"module": MODULE, "entry": "moe_topk",
+            "params": ["in buffer<bf16>", "out buffer<i32>", "out buffer<f32>", "i32", "i32", "i32", "i32"],
+            "block": [128], "grid": [format!("ceil(tokens/4) * {large}")],
+            "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 6}, {"i32": e}, {"i32": topk}, {"i32": flags}]}));
+        select.push(json!({"module": MODULE, "entry": "moe_route",
+            "params": ["in buffer<i32>", "out buffer<i32>", "out buffer<i32>", "out buffer<i32>", "i32", "i32", "i32"],
+            "block": [1024], "grid": [large],
+            "args": [{"param": 1}, {"param": 3}, {"param": 4}, {"param": 5}, {"param": 6}, {"i32": e}, {"i32": topk}]}));
+    }
+    o.insert("moe_select".into(), json!({"params": ["in buffer<bf16>", "out buffer<i32>", "out buffer<f32>", "out buffer<i32>", "out buffer<i32>", "out buffer<i32>", "i32"],
+        "impl": {"launches": select}}));
     let grouped = ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "in buffer<i32>", "in buffer<i32>", "i32"];
     o.insert("moe_gate_up".into(), json!({"params": grouped, "impl": {"launches": grouped_gemm(m, 2 * i, h, true, opts.max_tokens)}}));
     o.insert("moe_down".into(), json!({"params": grouped, "impl": {"launches": grouped_gemm(m, h, i, false, opts.max_tokens)}}));
@@ -263,8 +272,8 @@ pub fn calls(l: u64) -> Vec<Value> {
     let p = format!("model.layers.{l}.mlp");
     vec![
         json!({"label": format!("l{l}.router"), "op": "moe_router", "args": [buf("h"), buf(&format!("{p}.gate.weight")), {"null": true}, buf("moe_logits"), tokens]}),
-        json!({"label": format!("l{l}.moe_topk"), "op": "moe_topk", "args": [buf("moe_logits"), buf("moe_ids"), buf("moe_w"), tokens]}),
-        json!({"label": format!("l{l}.moe_route"), "op": "moe_route", "args": [buf("moe_ids"), buf("moe_offsets"), buf("moe_sorted"), buf("moe_pos"), tokens]}),
+        json!({"label": format!("l{l}.moe_select"), "op": "moe_select",
+               "args": [buf("moe_logits"), buf("moe_ids"), buf("moe_w"), buf("moe_offsets"), buf("moe_sorted"), buf("moe_pos"), tokens]}),
         json!({"label": format!("l{l}.experts_gate_up"), "op": "moe_gate_up",
                "args": [buf("h"), buf(&format!("{p}.experts.gate_up_proj.weight")), buf("moe_gate_up"), buf("moe_offsets"), buf("moe_sorted"), tokens]}),
         json!({"label": format!("l{l}.experts_swiglu"), "op": "moe_swiglu", "args": [buf("moe_act"), buf("moe_gate_up")]}),

@@ -5,7 +5,7 @@
         [--work DIR] [--json FILE] [--device cuda]
       kern's routing against transformers', per MoE layer, on random weights: for each shape (a
       parity.py shape: preset[:key=value...]) `kern random-weights` + `kern pack`, then for each
-      prompt length one prefill through the manifest cut after `lL.moe_topk` (`kern run`,
+      prompt length one prefill through the manifest cut after `lL.moe_select` (`kern run`,
       outputs moe_ids / moe_w / moe_logits), and transformers' router (Qwen3MoeForCausalLM in
       bf16 and fp32; forward pre-hooks on every `mlp.gate` catch the hidden states it routes,
       from which the router is computed as transformers does: F.linear, softmax in fp32, topk,
@@ -164,7 +164,7 @@ def routing(a):
                               "--max-seqs", 4, "--max-context", 1024])
         k, norm = int(cfg["num_experts_per_tok"]), bool(cfg.get("norm_topk_prob", False))
         model_json = os.path.join(d, "model.json")
-        labels = [c["label"] for c in json.load(open(model_json))["program"]["calls"] if c.get("label", "").endswith(".moe_topk")]
+        labels = [c["label"] for c in json.load(open(model_json))["program"]["calls"] if c.get("label", "").endswith(".moe_select")]
         prompts = parity.make_prompts(lengths, a.seed, parity.prompt_id_max(cfg["vocab_size"]))
         kern_r = {}
         for pi, ids in enumerate(prompts):

@@ -10,6 +10,7 @@
 //   gemm     moe_gemm_s and moe_gemm_l (the manifest's worst-case grids: idle CTAs exit) vs fp64,
 //            every row written, s and l bit-identical, a row's bits the same in a step of any
 //            size (batch invariance), k and n tails, an expert with several tiles
+//   fused    moe_topk_route (one launch, steps of few tokens) = moe_topk then moe_route, bit for bit
 //   combine  moe_combine vs the fp32 ascending-expert sum and, flag 1, transformers' bf16
 //            index_add_ order, bit for bit
 //   block    the whole chain (topk, route, gate-up, rowwise swiglu, down, combine) vs an fp64
@@ -199,6 +200,23 @@ void test_route(int n, int E, int K, bool skew) {
     report(perm && r.offsets == off && r.sorted == sorted && r.pos == pos, m);
 }
 
+void test_fused(int n, int E, int K, bool norm) {
+    std::vector<uint16_t> logits((size_t)n * E);
+    for (auto& v : logits) v = bf(std::round(normal(2.f) * 8.f) / 8.f);  // ties too
+    std::vector<int> ids;
+    std::vector<float> w;
+    run_topk(logits, n, E, K, norm, ids, w);
+    Route r = run_route(ids, n, E, K);
+    std::vector<int> fids((size_t)n * K, -7), off(E + 1, -7), sorted((size_t)n * K, -7), pos((size_t)n * K, -7);
+    std::vector<float> fw((size_t)n * K, -7.f);
+    emu_launch({1, 1, 1}, MOE_ROUTE_THREADS, [&] {
+        moe_topk_route(B(logits), fids.data(), fw.data(), off.data(), sorted.data(), pos.data(), n, E, K, norm ? 1 : 0);
+    });
+    char m[160];
+    std::snprintf(m, sizeof m, "fused n=%d E=%d k=%d norm=%d: moe_topk_route = moe_topk + moe_route, every output bit for bit", n, E, K, (int)norm);
+    report(fids == ids && fw == w && off == r.offsets && sorted == r.sorted && pos == r.pos, m);
+}
+
 // ------------------------------------------------------------------ grouped GEMM
 // y[P, N] for expert-sorted rows; `large`: moe_gemm_l, else moe_gemm_s; the manifest's grid.
 std::vector<uint16_t> run_gemm(bool large, std::vector<uint16_t>& x, std::vector<uint16_t>& W, Route& r, int n, int N, int K, int E, int topk,
@@ -376,6 +394,9 @@ int main() {
     test_route(200, 128, 8, true);
     test_route(130, 512, 8, false);
     test_route(70, 5, 5, false);  // every expert of every token
+    test_fused(1, 128, 8, true);
+    test_fused(64, 128, 8, true);  // two tokens per warp
+    test_fused(45, 60, 4, false);
     test_gemm(1, 6, 2, 80, 200, true, false);
     test_gemm(5, 6, 2, 80, 200, true, false);
     test_gemm(37, 6, 3, 200, 40, false, false);
