@@ -98,6 +98,11 @@ pub fn to_hf_json(c: &Config) -> Value {
     let mut v = super::qwen::to_hf_json(&Config { model_type: "qwen3".into(), ..c.clone() });
     v["architectures"] = serde_json::json!(["Qwen3MoeForCausalLM"]);
     v["model_type"] = "qwen3_moe".into();
+    if c.layer_types.is_empty() {
+        // Qwen3MoeConfig's sliding_window defaults to 4096 and its model masks by it whenever it
+        // is set (use_sliding_window or not): no window is an explicit null.
+        v["sliding_window"] = Value::Null;
+    }
     if let Some(m) = &c.moe {
         v["num_experts"] = m.num_experts.into();
         v["num_experts_per_tok"] = m.top_k.into();
