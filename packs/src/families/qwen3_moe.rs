@@ -99,8 +99,8 @@ pub fn to_hf_json(c: &Config) -> Value {
     v["architectures"] = serde_json::json!(["Qwen3MoeForCausalLM"]);
     v["model_type"] = "qwen3_moe".into();
     if c.layer_types.is_empty() {
-        // Qwen3MoeConfig's sliding_window defaults to 4096 and its model masks by it whenever it
-        // is set (use_sliding_window or not): no window is an explicit null.
+        // No window, said explicitly: Qwen3MoeConfig's sliding_window defaults to 4096 (which it
+        // drops itself when use_sliding_window is false; other readers might not).
         v["sliding_window"] = Value::Null;
     }
     if let Some(m) = &c.moe {
