@@ -12,7 +12,8 @@
 # Sections (SECTIONS, comma-separated, default parity,routing,bench,peer; all of them take
 # ~20 min, more than one device call allows — run them one call each, back to back, so /tmp
 # is kept):
-#   parity   scripts/gpu/parity.py at PARITY_SHAPES (default: qwen3-moe-small, a top-8 variant
+#   parity   scripts/gpu/parity.py (through moe_check.py parity: transformers' experts pinned to
+#            its eager loop) at PARITY_SHAPES (default: qwen3-moe-small, a top-8 variant
 #            with 32 experts and norm_topk_prob, qwen3-30b-a3b at 2 layers), PARITY_STEPS (32)
 #            greedy steps: the rule max|kern - fp32| <= 1.5 max|bf16 - fp32| + 0.01 at every
 #            step, greedy tokens, chunked prefill.
@@ -58,7 +59,7 @@ log "GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | hea
 if has parity; then
   log "parity: $PARITY_SHAPES"
   if OUT="$R" PARITY_JSON="$R/parity.json" PARITY_TXT="$R/parity.txt" PARITY_LOGS="$R/logs/parity" \
-      python3 scripts/gpu/parity.py --kern "$K" --kernels "$KD" --shapes "$PARITY_SHAPES" --steps "${PARITY_STEPS:-32}" \
+      python3 scripts/gpu/moe_check.py parity --kern "$K" --kernels "$KD" --shapes "$PARITY_SHAPES" --steps "${PARITY_STEPS:-32}" \
       --work "$W/parity" >"$R/logs/parity.out" 2>&1; then
     note parity "$PARITY_SHAPES" "PASS (table: $R/parity.txt)"
   else

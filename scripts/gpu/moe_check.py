@@ -14,6 +14,10 @@
       largest difference between kern's and transformers' logits of that token (or one bf16
       ulp). Lengths <= 64 run moe_gemm_s, longer ones moe_gemm_l (the earlier layers' outputs
       feed the later layers' routing). Exit 1 when an untied row differs.
+  moe_check.py parity [parity.py's arguments]
+      scripts/gpu/parity.py with transformers' experts pinned to the eager loop (transformers 5
+      picks a grouped-GEMM backend by default; the loop is the reference this issue documents:
+      bf16 index_add_ over the experts in ascending order), where set_experts_implementation exists.
   moe_check.py peer --model DIR [--json FILE] [--device cuda]
       transformers' own bf16 model as the peer of the bench rows (its loop over experts):
       batch-1 decode step (128-token prompt), batch-64 decode step (256-token prompts),
@@ -40,6 +44,28 @@ from parity import log  # noqa: E402
 
 BF16_PEAK_TFLOPS = 989.0  # H200 dense bf16 (as bench_table.py)
 DEFAULT_SHAPES = "qwen3-moe-small,qwen3-30b-a3b:layers=2"
+
+
+# ============================================================================ transformers' experts
+def pin_eager_experts(model):
+    """transformers 5: the experts' loop (`eager`) instead of its default grouped-GEMM backend;
+    returns the implementation the model runs (None: a transformers without the choice)."""
+    if hasattr(model, "set_experts_implementation"):
+        try:
+            model.set_experts_implementation("eager")
+        except Exception as e:  # an older 5.x without "eager": keep its default, say so
+            log(f"  transformers: set_experts_implementation('eager') failed ({e}); keeping its default")
+    return getattr(model.config, "_experts_implementation", None)
+
+
+def load_hf_eager(*args, **kwargs):
+    model, dt = _load_hf(*args, **kwargs)
+    impl = pin_eager_experts(model)
+    log(f"  transformers: experts implementation {impl or 'the loop (no choice in this version)'}")
+    return model, dt
+
+
+_load_hf = parity.load_hf
 
 
 # ============================================================================ routing
@@ -387,9 +413,15 @@ def main(argv=None):
     t.add_argument("--results", required=True)
     t.add_argument("--config", required=True)
     t.add_argument("--md")
+    pp = sub.add_parser("parity")
+    pp.add_argument("rest", nargs=argparse.REMAINDER)
     sub.add_parser("selftest")
     a = ap.parse_args(argv)
+    if a.cmd == "parity":
+        parity.load_hf = load_hf_eager
+        return parity.main(a.rest)
     if a.cmd == "routing":
+        parity.load_hf = load_hf_eager
         return routing(a)
     if a.cmd == "peer":
         return peer(a)
