@@ -393,6 +393,10 @@ def selftest():
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["parity"]:  # everything after it is parity.py's
+        parity.load_hf = load_hf_eager
+        return parity.main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("routing")
@@ -413,13 +417,9 @@ def main(argv=None):
     t.add_argument("--results", required=True)
     t.add_argument("--config", required=True)
     t.add_argument("--md")
-    pp = sub.add_parser("parity")
-    pp.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("parity", help="scripts/gpu/parity.py's arguments follow")
     sub.add_parser("selftest")
     a = ap.parse_args(argv)
-    if a.cmd == "parity":
-        parity.load_hf = load_hf_eager
-        return parity.main(a.rest)
     if a.cmd == "routing":
         parity.load_hf = load_hf_eager
         return routing(a)
