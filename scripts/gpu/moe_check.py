@@ -309,7 +309,11 @@ def table(a):
 def peer(a):
     import torch
     parity.torch_setup(a.device)
-    model, load_s = parity.load_hf(a.model, torch.bfloat16, a.device, "sdpa")
+    from transformers import AutoModelForCausalLM
+    t0 = time.time()
+    # Straight onto the GPU (device_map): 61 GB of weights are not staged in host memory first.
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, attn_implementation="sdpa", device_map=a.device).eval()
+    load_s = time.time() - t0
     impl = getattr(model.config, "_experts_implementation", None)
     log(f"peer: transformers bf16 loaded in {load_s:.0f} s (experts implementation: {impl or 'the loop'})")
     V = model.config.vocab_size
