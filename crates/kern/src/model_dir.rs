@@ -108,7 +108,10 @@ fn packed(dir: &Path, models: &Path, kernels: &dyn Fn() -> Result<PathBuf>) -> R
     let kernels = kernels()?;
     eprintln!("packing {} into {} (first use; `kern pack` does the same)", src.display(), out.display());
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    kern_packs::generate(&cfg, &kern_packs::PackOptions { kernels, ..Default::default() }, &out)?;
+    let mut opts = kern_packs::PackOptions { kernels, ..Default::default() };
+    // An FP8 checkpoint (quantization_config fp8) packs as it is, its projections in e4m3.
+    kern_packs::fp8::prepare(&config, &out, None, &cfg, &mut opts)?;
+    kern_packs::generate(&cfg, &opts, &out)?;
     let mut linked = 0;
     for e in std::fs::read_dir(&src).with_context(|| format!("cannot list {}", src.display()))? {
         let p = e?.path();

@@ -15,13 +15,13 @@ use std::process::ExitCode;
 /// Write a model's manifest from its Hugging Face config.json or from a GGUF file, with the
 /// pack for its model type.
 #[derive(clap::Args)]
-#[command(after_help = "Families (packs/src/families; model_type → family):\n  qwen     qwen3, qwen2                 GGUF qwen3, qwen2   Qwen3 dense (q/k norm), Qwen2 / Qwen2.5 (QKV biases)\n  llama    llama, mistral               GGUF llama          Llama 2 / 3.x (llama3, linear, YaRN RoPE), SmolLM2, TinyLlama, Mistral (sliding window)\n  gemma3   gemma3_text, gemma3 (text)   GGUF gemma3         Gemma 3 text (sliding-window and global layers, (1 + w) norms, GeGLU)\n  qwen3_moe qwen3_moe                   GGUF qwen3moe       Qwen3-MoE (routed experts: Qwen3-30B-A3B, 235B-A22B)\n\nExamples:\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B\n  kern pack --gguf qwen2.5-coder-0.5b-instruct-q4_k_m.gguf -o ~/models/qwen2.5-coder\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B --draft layer-skip:9 --draft-k 4\n\nWith --gguf, DIR gets model.json, the cubins, config.json (for reference) and a symbolic link to\nthe GGUF file (none when the file is already in DIR): kern loads the weights from it,\ndequantizing to bf16.")]
+#[command(after_help = "Families (packs/src/families; model_type → family):\n  qwen     qwen3, qwen2                 GGUF qwen3, qwen2   Qwen3 dense (q/k norm), Qwen2 / Qwen2.5 (QKV biases)\n  llama    llama, mistral               GGUF llama          Llama 2 / 3.x (llama3, linear, YaRN RoPE), SmolLM2, TinyLlama, Mistral (sliding window)\n  gemma3   gemma3_text, gemma3 (text)   GGUF gemma3         Gemma 3 text (sliding-window and global layers, (1 + w) norms, GeGLU)\n  qwen3_moe qwen3_moe                   GGUF qwen3moe       Qwen3-MoE (routed experts: Qwen3-30B-A3B, 235B-A22B)\n\nExamples:\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B\n  kern pack --gguf qwen2.5-coder-0.5b-instruct-q4_k_m.gguf -o ~/models/qwen2.5-coder\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B --draft layer-skip:9 --draft-k 4\n\nWith --gguf, DIR gets model.json, the cubins, config.json (for reference), the tokenizer and a\nsymbolic link to the GGUF file (none when the file is already in DIR): kern loads the weights from\nit, the projections, LM head and embedding in their blocks (GGUF-native; --dequantize: bf16).")]
 pub struct Args {
     /// The model's Hugging Face config.json.
     #[arg(long, conflicts_with = "gguf", required_unless_present = "gguf")]
     config: Option<PathBuf>,
     /// A GGUF file (llama.cpp / Ollama): the config comes from its metadata, the weights from
-    /// its tensors. Architectures: qwen2, qwen3, llama, gemma3.
+    /// its tensors. Architectures: qwen2, qwen3, llama, gemma3, qwen3moe.
     #[arg(long)]
     gguf: Option<PathBuf>,
     /// Output directory (model.json and the cubins it references).
