@@ -591,16 +591,7 @@ pub struct Applied {
     pub modules: Vec<&'static str>,
 }
 
-const PROJECTIONS: &[(&str, bool)] = &[("qkv_proj", false), ("o_proj", false), ("gate_up_proj", false), ("down_proj", false), ("lm_head", true)];
-
-/// 1 when lo <= m <= hi (hi None: no upper bound), else 0, as a grid factor.
-fn within(m: &str, lo: u64, hi: Option<u64>) -> String {
-    let lower = format!("max(0, min(1, {m} - {}))", lo - 1);
-    match hi {
-        Some(hi) => format!("{lower} * max(0, min(1, {} - {m}))", hi + 1),
-        None => lower,
-    }
-}
+use crate::quant::{within, PROJECTIONS};
 
 /// One part of a projection's weight: its tensor, its scale tensor, its rows.
 #[derive(Clone, Debug)]
