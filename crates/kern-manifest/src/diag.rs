@@ -148,6 +148,7 @@ const FIELD_ORDER: &[&str] = &[
     "bytes_per_token",
     "bytes_per_seq",
     "page_tokens",
+    "snapshot",
     "dtype",
     "shape",
     "role",

@@ -94,6 +94,18 @@ impl Manifest {
         self.parallel.map_or(1, |p| p.tp)
     }
 
+    /// Whether any state is per sequence.
+    pub fn has_per_seq_state(&self) -> bool {
+        self.states.iter().any(|s| matches!(s.size, StateSize::PerSeq { .. }))
+    }
+
+    /// Whether the prefix cache may keep snapshots of the per-sequence states: there is at least
+    /// one, and every one declares `"snapshot": true` (a cached prefix can continue a sequence
+    /// only if all of its per-sequence state can be put back).
+    pub fn per_seq_snapshots(&self) -> bool {
+        self.has_per_seq_state() && self.states.iter().all(|s| !matches!(s.size, StateSize::PerSeq { snapshot: false, .. }))
+    }
+
     /// Whether any op is a collective (the runtime must run it through NCCL).
     pub fn has_collectives(&self) -> bool {
         self.ops.iter().any(|o| o.collective.is_some())
@@ -150,13 +162,25 @@ pub struct State {
     pub size: StateSize,
 }
 
+impl State {
+    /// Bytes per sequence of a per-sequence state that may be snapshotted.
+    pub fn snapshot_bytes(&self) -> Option<u64> {
+        match self.size {
+            StateSize::PerSeq { bytes, snapshot: true } => Some(bytes),
+            _ => None,
+        }
+    }
+}
+
 /// How a state pool grows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StateSize {
     /// `bytes` per cached token, allocated in pages of `page_tokens` tokens.
     PerToken { bytes: u64, page_tokens: u32 },
-    /// `bytes` per sequence.
-    PerSeq { bytes: u64 },
+    /// `bytes` per sequence. `snapshot`: the manifest declares that a copy of a sequence's
+    /// bytes at a prefix's end continues the sequence from any slot (the prefix cache may keep
+    /// such copies at page boundaries: docs/kv-cache.md).
+    PerSeq { bytes: u64, snapshot: bool },
 }
 
 #[derive(Clone, Debug, PartialEq)]

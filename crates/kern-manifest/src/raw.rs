@@ -223,6 +223,12 @@ pub struct RawState {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub page_tokens: Option<u32>,
+    /// kern 4.1, per-sequence states only: the state's bytes at the end of a prefix are all a
+    /// sequence needs to continue after it, from any slot (default false). The engine may then
+    /// keep copies of them (snapshots) at page boundaries of cached prefixes and copy one into a
+    /// sequence's slot instead of computing the prefix again (docs/kv-cache.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub snapshot: bool,
 }
 
 /// A buffer of one program run.

@@ -34,6 +34,8 @@ pub struct CheckReport {
     pub state_bytes_per_seq: u64,
     /// (name, bytes, "token" | "seq").
     pub states: Vec<(String, u64, &'static str)>,
+    /// Per-sequence states declared `snapshot` (the prefix cache may keep copies of them).
+    pub snapshot_states: Vec<String>,
     pub warnings: Vec<String>,
     /// Tensor parallelism: `Some(tp)` when the manifest declares `parallel` (it is one rank).
     pub tp: Option<u32>,
@@ -76,7 +78,7 @@ impl Manifest {
             .iter()
             .map(|s| match s.size {
                 StateSize::PerToken { bytes, .. } => (s.name.clone(), bytes, "token"),
-                StateSize::PerSeq { bytes } => (s.name.clone(), bytes, "seq"),
+                StateSize::PerSeq { bytes, .. } => (s.name.clone(), bytes, "seq"),
             })
             .collect();
         let sum = |unit: &str| {
@@ -108,6 +110,7 @@ impl Manifest {
             state_bytes_per_token: sum("token"),
             state_bytes_per_seq: sum("seq"),
             states,
+            snapshot_states: self.states.iter().filter(|s| s.snapshot_bytes().is_some()).map(|s| s.name.clone()).collect(),
             warnings: self.warnings.iter().map(Diagnostic::to_string).collect(),
             tp: self.parallel.map(|p| p.tp),
             collective_ops: self.ops.iter().filter(|o| o.collective.is_some()).count(),
@@ -224,7 +227,8 @@ impl fmt::Display for CheckReport {
                 human_bytes(self.state_bytes_per_seq)
             )?;
             for (name, bytes, unit) in &self.states {
-                writeln!(f, "    {name:<10} {bytes} B per {unit}")?;
+                let snap = if self.snapshot_states.contains(name) { " (snapshots at cached page boundaries)" } else { "" };
+                writeln!(f, "    {name:<10} {bytes} B per {unit}{snap}")?;
             }
         }
         if !self.warnings.is_empty() {

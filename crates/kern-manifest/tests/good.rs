@@ -171,7 +171,7 @@ fn every_extension_passes() {
             page_tokens: 16
         }
     );
-    assert_eq!(m.states[1].size, StateSize::PerSeq { bytes: 1048576 });
+    assert_eq!(m.states[1].size, StateSize::PerSeq { bytes: 1048576, snapshot: false });
 
     let by_value = &m.ops[m.op("by_value").unwrap().0].launches[0];
     assert_eq!(

@@ -106,6 +106,9 @@ pub struct Runtime {
     timed: bool,
     arena: DeviceBuffer,
     pools: Vec<Option<DeviceBuffer>>,
+    /// Snapshot pools, indexed like the states: `plan.snapshot_slots` copies of a per-sequence
+    /// state's slot (None for other states, or without snapshots).
+    snapshot_pools: Vec<Option<DeviceBuffer>>,
     programs: Vec<Program>,
     graphs: HashMap<(usize, Vec<i64>), GraphExec>,
     // Modules are referenced by graphs without being held by them: keep them for the
@@ -147,6 +150,14 @@ impl Runtime {
                 Some(ctx.alloc_zeroed(p.bytes() as usize).map_err(RuntimeError::cuda(format!("allocating state pool `{}` ({})", s.name, crate::plan::human(p.bytes()))))?)
             });
         }
+        let mut snapshot_pools = Vec::new();
+        for s in &manifest.states {
+            let bytes = s.snapshot_bytes().filter(|_| plan.snapshot_slots > 0).map(|b| b * plan.snapshot_slots);
+            snapshot_pools.push(match bytes {
+                Some(n) => Some(ctx.alloc(n as usize).map_err(RuntimeError::cuda(format!("allocating {} snapshot slots of state `{}` ({})", plan.snapshot_slots, s.name, crate::plan::human(n))))?),
+                None => None,
+            });
+        }
         let mut modules = Vec::new();
         for m in &manifest.modules {
             let im = m.image();
@@ -166,6 +177,7 @@ impl Runtime {
             timed: false,
             arena,
             pools,
+            snapshot_pools,
             programs: Vec::new(),
             graphs: HashMap::new(),
             _modules: modules,
@@ -729,6 +741,48 @@ impl Runtime {
                 s.as_ref().map_or(0, |b| b.len())
             ))),
         }
+    }
+
+    /// Snapshot slots of the per-sequence states (the memory plan's; 0: none).
+    pub fn snapshot_slots(&self) -> u64 {
+        self.plan.snapshot_slots
+    }
+
+    /// Queues, on the runtime's stream, copies of per-sequence slots into snapshot slots,
+    /// `(sequence slot, snapshot slot)`, for every per-sequence state: queued after a step's
+    /// run, they copy what the step left in the slots. Slots out of range are errors.
+    pub fn save_snapshots(&self, pairs: &[(u32, u32)]) -> Result<()> {
+        self.copy_snapshots(pairs, true)
+    }
+
+    /// Queues, on the runtime's stream, copies of snapshot slots into per-sequence slots,
+    /// `(snapshot slot, sequence slot)`: queued before a step's run, the step starts from them.
+    pub fn restore_snapshots(&self, pairs: &[(u32, u32)]) -> Result<()> {
+        self.copy_snapshots(pairs, false)
+    }
+
+    fn copy_snapshots(&self, pairs: &[(u32, u32)], save: bool) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        if self.plan.snapshot_slots == 0 {
+            return Err(RuntimeError::Mismatch("the memory plan has no snapshot slots (no per-sequence state declares `snapshot`, or none were asked for)".into()));
+        }
+        for (i, s) in self.manifest.states.iter().enumerate() {
+            let (Some(bytes), Some(snaps)) = (s.snapshot_bytes(), &self.snapshot_pools[i]) else { continue };
+            let Some(pool) = &self.pools[i] else { continue };
+            let b = bytes as usize;
+            for &(a, z) in pairs {
+                // The buffers check both ranges against their allocations.
+                if save {
+                    snaps.copy_from_device_async(z as usize * b, pool, a as usize * b, b, &self.stream)
+                } else {
+                    pool.copy_from_device_async(z as usize * b, snaps, a as usize * b, b, &self.stream)
+                }
+                .map_err(RuntimeError::cuda(format!("{} snapshot of state `{}` ({} slot {a} → slot {z})", if save { "saving a" } else { "restoring a" }, s.name, if save { "sequence" } else { "snapshot" })))?;
+            }
+        }
+        Ok(())
     }
 
     /// A device copy of state pool `s` (None when the pool has no memory).

@@ -13,6 +13,12 @@
 //! * **The budget** (device memory, or `--gpu-mem` for `kern plan`) minus a reserve (CUDA
 //!   context, graphs, kernel scratch) pays for the arena first, then the per-sequence slots;
 //!   what remains becomes pages: `pages = remaining / (page_tokens * Σ bytes_per_token)`.
+//! * **Snapshots** (a manifest whose per-sequence states all declare `"snapshot": true`): a pool
+//!   of snapshot slots, each one copy of every per-sequence state (`Σ bytes_per_seq`), which
+//!   the prefix cache keeps at page boundaries of cached prefixes (docs/kv-cache.md). Their
+//!   count is [`Snapshots::Slots`], or by default ([`Snapshots::Auto`]) what
+//!   [`SNAPSHOT_SHARE`] of the memory left after the per-sequence slots holds, never more than
+//!   the pages (a snapshot belongs to one cached page); the pages get the rest.
 
 use kern_manifest::manifest::{BufferId, Manifest, StateSize, WeightSource};
 use kern_manifest::raw::Role;
@@ -38,6 +44,20 @@ impl Default for PlanOptions {
         PlanOptions { budget: None, reserve: 1 << 30, max_pages: None }
     }
 }
+
+/// How many snapshot slots to plan (manifests whose per-sequence states declare `snapshot`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Snapshots {
+    /// [`SNAPSHOT_SHARE`] of the memory left for states, at most one per page.
+    #[default]
+    Auto,
+    /// Exactly this many (0: none, the prefix cache stays off for the model).
+    Slots(u64),
+}
+
+/// The share of the memory left after buffers, reserve and per-sequence slots that
+/// [`Snapshots::Auto`] gives to snapshots (the rest becomes pages): 1/8.
+pub const SNAPSHOT_SHARE: (u64, u64) = (1, 8);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BufferSlot {
@@ -70,13 +90,24 @@ pub struct MemoryPlan {
     pub states: Vec<StatePool>,
     /// Tokens every per-token state can hold (pages × page_tokens), when there are any.
     pub token_capacity: Option<u64>,
+    /// Snapshot slots of the per-sequence states (0 when the manifest declares no `snapshot`,
+    /// or without a budget): slot `i` of state `s` lies at `i × bytes_per_seq_s` in its own
+    /// snapshot pool.
+    pub snapshot_slots: u64,
+    /// Bytes of one snapshot slot over every per-sequence state (`Σ bytes_per_seq`).
+    pub snapshot_slot_bytes: u64,
     pub budget: Option<u64>,
     pub reserve: u64,
 }
 
 impl MemoryPlan {
+    /// Bytes of the state pools, snapshot pools included.
     pub fn state_bytes(&self) -> u64 {
-        self.states.iter().map(StatePool::bytes).sum()
+        self.states.iter().map(StatePool::bytes).sum::<u64>() + self.snapshot_bytes()
+    }
+    /// Bytes of the snapshot pools.
+    pub fn snapshot_bytes(&self) -> u64 {
+        self.snapshot_slots * self.snapshot_slot_bytes
     }
     pub fn total_bytes(&self) -> u64 {
         self.arena_bytes + self.state_bytes()
@@ -92,8 +123,14 @@ fn role_index(r: Role) -> usize {
     }
 }
 
-/// Plans memory for `m`. Fails when the buffers alone exceed the budget.
+/// Plans memory for `m` ([`Snapshots::Auto`]). Fails when the buffers alone exceed the budget.
 pub fn plan(m: &Manifest, opts: &PlanOptions) -> Result<MemoryPlan> {
+    plan_with(m, opts, Snapshots::Auto)
+}
+
+/// Plans memory for `m` with `snapshots` snapshot slots (used only when every per-sequence
+/// state of `m` declares `snapshot`).
+pub fn plan_with(m: &Manifest, opts: &PlanOptions, snapshots: Snapshots) -> Result<MemoryPlan> {
     let mut buffers = Vec::with_capacity(m.buffers.len());
     let mut offset = 0u64;
     let mut by_role = [0u64; 4];
@@ -141,10 +178,13 @@ pub fn plan(m: &Manifest, opts: &PlanOptions) -> Result<MemoryPlan> {
         .states
         .iter()
         .map(|s| match s.size {
-            StateSize::PerSeq { bytes } => bytes.saturating_mul(seqs),
+            StateSize::PerSeq { bytes, .. } => bytes.saturating_mul(seqs),
             _ => 0,
         })
         .sum();
+    // Snapshots only when every per-sequence state can be put back.
+    let snapshot_slot_bytes: u64 = if m.per_seq_snapshots() { m.states.iter().filter_map(|s| s.snapshot_bytes()).sum() } else { 0 };
+    let mut snapshot_slots = 0;
     let pages = match opts.budget {
         None => 0,
         Some(budget) => {
@@ -159,9 +199,26 @@ pub fn plan(m: &Manifest, opts: &PlanOptions) -> Result<MemoryPlan> {
                     human(budget)
                 )));
             }
-            let remaining = budget - need;
+            let mut remaining = budget - need;
             let group: u64 = per_token.iter().map(|(b, pt)| b * u64::from(*pt)).sum();
             // No per-token state: no pages.
+            let max_pages = remaining.checked_div(group).unwrap_or(0).min(opts.max_pages.unwrap_or(u64::MAX));
+            if snapshot_slot_bytes > 0 && max_pages > 0 {
+                let wanted = match snapshots {
+                    Snapshots::Auto => (remaining / SNAPSHOT_SHARE.1 * SNAPSHOT_SHARE.0 / snapshot_slot_bytes).min(max_pages),
+                    Snapshots::Slots(n) => n,
+                };
+                let bytes = wanted.checked_mul(snapshot_slot_bytes).filter(|&b| b < remaining).ok_or_else(|| {
+                    RuntimeError::DoesNotFit(format!(
+                        "{wanted} snapshot slots of {} need {}, above the {} left for states after the buffers and the per-sequence slots: ask for fewer",
+                        human(snapshot_slot_bytes),
+                        human(wanted.saturating_mul(snapshot_slot_bytes)),
+                        human(remaining)
+                    ))
+                })?;
+                snapshot_slots = wanted;
+                remaining -= bytes;
+            }
             remaining.checked_div(group).unwrap_or(0).min(opts.max_pages.unwrap_or(u64::MAX))
         }
     };
@@ -171,10 +228,10 @@ pub fn plan(m: &Manifest, opts: &PlanOptions) -> Result<MemoryPlan> {
                 token_capacity = Some(pages * u64::from(page_tokens));
                 StatePool::PerToken { bytes_per_token: bytes, page_tokens, pages, pool_bytes: pages * u64::from(page_tokens) * bytes }
             }
-            StateSize::PerSeq { bytes } => StatePool::PerSeq { bytes_per_seq: bytes, slots: seqs, pool_bytes: bytes * seqs },
+            StateSize::PerSeq { bytes, .. } => StatePool::PerSeq { bytes_per_seq: bytes, slots: seqs, pool_bytes: bytes * seqs },
         });
     }
-    Ok(MemoryPlan { buffers, arena_bytes, by_role, states, token_capacity, budget: opts.budget, reserve: opts.reserve })
+    Ok(MemoryPlan { buffers, arena_bytes, by_role, states, token_capacity, snapshot_slots, snapshot_slot_bytes: if snapshot_slots > 0 { snapshot_slot_bytes } else { 0 }, budget: opts.budget, reserve: opts.reserve })
 }
 
 /// Bytes in the largest binary unit that keeps three significant digits (`1.50 GiB`).

@@ -72,3 +72,31 @@ fn per_token_states_must_share_page_size() {
     let e = plan(&m, &PlanOptions { budget: Some(1 << 30), reserve: 0, max_pages: None }).unwrap_err().to_string();
     assert!(e.contains("states.") && e.contains("page_tokens"), "{e}");
 }
+
+#[test]
+fn snapshot_slots_come_out_of_the_pages_budget() {
+    use kern_runtime::plan::{plan_with, Snapshots, SNAPSHOT_SHARE};
+    let budget = 10 << 20;
+    let opts = PlanOptions { budget: Some(budget), reserve: 1 << 20, max_pages: None };
+    // Without `snapshot`: no snapshot slots.
+    assert_eq!(plan(&manifest(M), &opts).unwrap().snapshot_slots, 0);
+    let m = manifest(&M.replace(r#""rnn": {"bytes_per_seq": 4096}"#, r#""rnn": {"bytes_per_seq": 4096, "snapshot": true}"#));
+    let p = plan(&m, &opts).unwrap();
+    let left = budget - p.arena_bytes - (1 << 20) - 8 * 4096;
+    let snaps = left / SNAPSHOT_SHARE.1 * SNAPSHOT_SHARE.0 / 4096;
+    assert_eq!((p.snapshot_slots, p.snapshot_slot_bytes), (snaps, 4096), "auto: 1/8 of what is left");
+    let pages = (left - snaps * 4096) / (16 * (1000 + 24));
+    assert!(matches!(p.states[0], StatePool::PerToken { pages: q, .. } if q == pages), "the pages get the rest");
+    assert!(p.total_bytes() <= budget);
+    // A count asked for; zero; too many.
+    let p = plan_with(&m, &opts, Snapshots::Slots(5)).unwrap();
+    assert_eq!((p.snapshot_slots, p.snapshot_bytes()), (5, 5 * 4096));
+    assert_eq!(plan_with(&m, &opts, Snapshots::Slots(0)).unwrap().snapshot_bytes(), 0);
+    let e = plan_with(&m, &opts, Snapshots::Slots(1 << 20)).unwrap_err().to_string();
+    assert!(e.contains("snapshot slots") && e.contains("ask for fewer"), "{e}");
+    // Never more snapshots than pages (each belongs to one cached page).
+    let capped = plan(&m, &PlanOptions { max_pages: Some(7), ..opts.clone() }).unwrap();
+    assert_eq!(capped.snapshot_slots, 7);
+    // No budget: no pages, no snapshots.
+    assert_eq!(plan(&m, &PlanOptions::default()).unwrap().snapshot_slots, 0);
+}

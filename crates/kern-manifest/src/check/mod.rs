@@ -306,11 +306,11 @@ impl Checker<'_> {
             let size = match (s.bytes_per_token, s.bytes_per_seq) {
                 (Some(_), Some(_)) => {
                     self.sink.error(&p, "a state is either per token or per sequence: keep one of `bytes_per_token` and `bytes_per_seq`");
-                    StateSize::PerSeq { bytes: 1 }
+                    StateSize::PerSeq { bytes: 1, snapshot: false }
                 }
                 (None, None) => {
                     self.sink.error(&p, "a state needs its size: add `bytes_per_token` (a KV cache) or `bytes_per_seq` (a recurrent state)");
-                    StateSize::PerSeq { bytes: 1 }
+                    StateSize::PerSeq { bytes: 1, snapshot: false }
                 }
                 (Some(bytes), None) => {
                     let page_tokens = s.page_tokens.unwrap_or(crate::DEFAULT_PAGE_TOKENS);
@@ -318,17 +318,20 @@ impl Checker<'_> {
                         self.sink
                             .error(&p.field("page_tokens"), "`page_tokens` is at least 1");
                     }
+                    if s.snapshot {
+                        self.sink.error(&p.field("snapshot"), "`snapshot` is for per-sequence states (a per-token state is cached page by page already): remove it from this per-token state");
+                    }
                     StateSize::PerToken { bytes, page_tokens }
                 }
                 (None, Some(bytes)) => {
                     if s.page_tokens.is_some() {
                         self.sink.error(&p.field("page_tokens"), "`page_tokens` is for per-token states: remove it from this per-sequence state");
                     }
-                    StateSize::PerSeq { bytes }
+                    StateSize::PerSeq { bytes, snapshot: s.snapshot }
                 }
             };
             let bytes = match size {
-                StateSize::PerToken { bytes, .. } | StateSize::PerSeq { bytes } => bytes,
+                StateSize::PerToken { bytes, .. } | StateSize::PerSeq { bytes, .. } => bytes,
             };
             if bytes == 0 {
                 let f = if s.bytes_per_token.is_some() {
@@ -344,6 +347,20 @@ impl Checker<'_> {
                 name: name.clone(),
                 size,
             });
+        }
+        // Snapshots are used only when every per-sequence state can be put back.
+        let snap = |s: &State| match s.size {
+            StateSize::PerSeq { snapshot, .. } => Some(snapshot),
+            StateSize::PerToken { .. } => None,
+        };
+        if let Some(without) = self.states.iter().position(|s| snap(s) == Some(false)) {
+            if self.states.iter().any(|s| snap(s) == Some(true)) {
+                let name = self.states[without].name.clone();
+                self.sink.warn(
+                    &path.entry(&name, without),
+                    format!("other per-sequence states declare `snapshot`, this one does not: the prefix cache needs all of a sequence's per-sequence state back, so it stays off for this model; add `\"snapshot\": true` here if a copy of `{name}`'s bytes at a prefix's end continues a sequence"),
+                );
+            }
         }
     }
 

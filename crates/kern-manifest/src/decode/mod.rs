@@ -567,11 +567,22 @@ impl Dec<'_> {
             self.ext(&p, "`page_tokens`");
             self.u32(v, &p)
         });
+        let snapshot = o.get("snapshot").and_then(|(v, p)| {
+            self.ext(&p, "`snapshot`");
+            match v {
+                Json::Bool(b) => Some(*b),
+                other => {
+                    self.sink.error(&p, format!("expected true or false (whether the per-sequence state can be snapshotted), found {}", other.kind()));
+                    None
+                }
+            }
+        });
         o.finish(self);
         Some(RawState {
             bytes_per_token: per_token,
             bytes_per_seq: per_seq,
             page_tokens,
+            snapshot: snapshot.unwrap_or(false),
         })
     }
 
