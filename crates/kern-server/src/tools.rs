@@ -210,8 +210,10 @@ struct TaggedStream {
     /// Inside a call: its index and how far its arguments were sent.
     call: Option<CallState>,
     calls: usize,
-    /// Whitespace after a call, dropped unless text follows.
+    /// Whitespace after a call (or before anything), dropped unless text follows.
     pending_ws: String,
+    /// Text that is not whitespace was sent: a bare call object can no longer start.
+    had_text: bool,
 }
 
 struct CallState {
@@ -221,6 +223,64 @@ struct CallState {
     args_at: Option<usize>,
     /// Bytes of the arguments value already sent.
     sent: usize,
+}
+
+/// What `s` (starting at `{`) is as the start of a bare call object `{"name": "…", "arguments":`
+/// (or `"parameters":`), the form small models write without the tags.
+#[derive(Debug, PartialEq)]
+enum Bare {
+    /// It is one: the object's key `arguments` / `parameters` and its colon are complete.
+    Call,
+    /// It may still become one (it ends inside that prefix).
+    Maybe,
+    /// It is not one.
+    No,
+}
+
+fn bare_call(s: &str) -> Bare {
+    // Literal pieces of the prefix, matched partially at the end of `s`.
+    fn lit<'a>(s: &'a str, l: &str) -> Result<&'a str, Bare> {
+        if let Some(r) = s.strip_prefix(l) {
+            Ok(r)
+        } else if l.starts_with(s) {
+            Err(Bare::Maybe)
+        } else {
+            Err(Bare::No)
+        }
+    }
+    let run = || -> Result<(), Bare> {
+        let r = lit(s, "{")?.trim_start();
+        let r = lit(r, "\"name\"")?.trim_start();
+        let r = lit(r, ":")?.trim_start();
+        if r.is_empty() {
+            return Err(Bare::Maybe);
+        }
+        if !r.starts_with('"') {
+            return Err(Bare::No);
+        }
+        let mut de = serde_json::Deserializer::from_str(r).into_iter::<String>();
+        match de.next() {
+            Some(Ok(_)) => {}
+            Some(Err(e)) if e.is_eof() => return Err(Bare::Maybe),
+            _ => return Err(Bare::No),
+        }
+        let r = r[de.byte_offset()..].trim_start();
+        let r = lit(r, ",")?.trim_start();
+        let r = match lit(r, "\"arguments\"") {
+            Ok(r) => r,
+            Err(Bare::No) => lit(r, "\"parameters\"")?,
+            Err(m) => {
+                // Both keys start with `"`: a prefix of either may still become one.
+                return Err(if "\"parameters\"".starts_with(r) { Bare::Maybe } else { m });
+            }
+        };
+        lit(r.trim_start(), ":")?;
+        Ok(())
+    };
+    match run() {
+        Ok(()) => Bare::Call,
+        Err(b) => b,
+    }
 }
 
 /// The length of the longest suffix of `s` that is a proper prefix of `tag`.
@@ -263,6 +323,25 @@ impl TaggedStream {
         loop {
             match &mut self.call {
                 None => {
+                    // A bare call object (no tags), as small models write them: only before
+                    // any text (at the start of the output or right after another call).
+                    if !self.had_text {
+                        let t = self.buf.trim_start();
+                        let lead = self.buf.len() - t.len();
+                        if t.starts_with('{') {
+                            match bare_call(t) {
+                                Bare::Call => {
+                                    self.pending_ws.clear();
+                                    self.buf.drain(..lead);
+                                    self.call = Some(CallState { index: self.calls, named: false, args_at: None, sent: 0 });
+                                    self.calls += 1;
+                                    continue;
+                                }
+                                Bare::Maybe if !end => return,
+                                _ => {}
+                            }
+                        }
+                    }
                     if let Some(at) = self.buf.find(OPEN) {
                         let before: String = self.buf[..at].to_string();
                         self.text(&before, out);
@@ -347,10 +426,11 @@ impl TaggedStream {
         if t.is_empty() {
             return;
         }
-        if self.calls > 0 && t.trim().is_empty() {
+        if (self.calls > 0 || !self.had_text) && t.trim().is_empty() {
             self.pending_ws.push_str(t);
             return;
         }
+        self.had_text = true;
         let mut s = std::mem::take(&mut self.pending_ws);
         s.push_str(t);
         out.push(Piece::Content(s));

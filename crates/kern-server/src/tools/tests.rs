@@ -1,6 +1,6 @@
 //! The tagged (Hermes) format's parser on the cases that break parsers: a literal `</tool_call>`
 //! inside an argument string, tools without parameters, several calls, text before calls, a
-//! call cut off, and streaming in arbitrary fragments reassembling to the whole parse.
+//! call cut off, bare call objects without tags (and JSON that only looks like one), and streaming in arbitrary fragments reassembling to the whole parse.
 
 use super::*;
 
@@ -47,6 +47,20 @@ fn calls_are_parsed_from_the_model_s_format() {
         // `parameters` instead of `arguments`, arguments given as a JSON string.
         ("<tool_call>{\"name\": \"p\", \"parameters\": {\"k\": true}}</tool_call>", "", vec![call("p", "{\"k\": true}")]),
         ("<tool_call>{\"name\": \"s\", \"arguments\": \"{\\\"k\\\": 2}\"}</tool_call>", "", vec![call("s", "{\"k\": 2}")]),
+        // Bare call objects without the tags (small models write them so; llama.cpp accepts
+        // them too): at the start of the output, one per line.
+        ("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}", "", vec![call("get_weather", "{\"city\": \"Paris\"}")]),
+        (
+            "\n {\"name\": \"a\", \"parameters\": {\"x\": 1}}\n{\"name\":\"b\",\"arguments\":{}}\n",
+            "",
+            vec![call("a", "{\"x\": 1}"), call("b", "{}")],
+        ),
+        // JSON that is not a call object stays text: other keys, text before it, no arguments key.
+        ("{\"name\": \"Maria\", \"age\": 34}", "{\"name\": \"Maria\", \"age\": 34}", vec![]),
+        ("Sure: {\"name\": \"a\", \"arguments\": {}}", "Sure: {\"name\": \"a\", \"arguments\": {}}", vec![]),
+        ("{\"name\": \"a\"}", "{\"name\": \"a\"}", vec![]),
+        ("{\"title\": \"x\"}", "{\"title\": \"x\"}", vec![]),
+        ("{\"name\": \"a\", \"argument", "{\"name\": \"a\", \"argument", vec![]),
         // Cut off inside the arguments (max_tokens): the name and the arguments so far.
         ("<tool_call>\n{\"name\": \"cut\", \"arguments\": {\"a\": \"unfinis", "", vec![call("cut", "{\"a\": \"unfinis")]),
     ];
