@@ -12,6 +12,8 @@
 #                      (W8A8 wgmma GEMM, wgmma emulated from its descriptors) vs the E4M3 definition / fp64
 #   moe                moe.cu: router softmax / top-k vs PyTorch's order (bits), permutation vs a stable
 #                      counting sort, grouped GEMMs vs fp64 (s = l, batch invariance), combine, the block
+#   gdn                gdn.cu (Gated DeltaNet): conv1d + conv state across chunks, chunked and recurrent
+#                      gated delta rule vs an fp64 recurrence (fp32 / bf16 states), gated RMSNorm
 # JOBS (default 2) emulations build and run at once; each one's output is printed whole, in this
 # order, with its time. Exit status 1 when any build or check fails.
 #   bash packs/kernels/verify/host_emu/run.sh
@@ -23,7 +25,7 @@ BIN="$(mktemp -d "${TMPDIR:-/tmp}/kern-host-emu.XXXXXX")"
 trap 'rm -rf "$BIN"' EXIT
 CXX=(g++ -std=c++20 -O2 -w -I "$HERE" -include "$HERE/emu.h" -x c++)
 
-NAMES=(attention-decode attention-prefill gemv-fused rope rowwise-ref sampling gemv-gguf moe fp8)
+NAMES=(attention-decode attention-prefill gemv-fused rope rowwise-ref sampling gemv-gguf moe fp8 gdn)
 sources() {
     case "$1" in
         attention-decode) echo "attention_decode_emu.cpp attention_emu.cpp" ;;
@@ -35,6 +37,7 @@ sources() {
         gemv-gguf) echo "gemv_gguf_emu.cpp" ;;
         fp8) echo "fp8_emu.cpp fp8_wgmma_emu.cpp" ;;
         moe) echo "moe_emu.cpp rowwise_emu.cpp" ;;
+        gdn) echo "gdn_emu.cpp" ;;
     esac
 }
 

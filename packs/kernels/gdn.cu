@@ -1,0 +1,565 @@
+// KERN_PDL_VARIANT (packs/kernels/build.sh also builds it with -DKERN_PDL: KERN_PDL_WAIT() first in every kernel)
+// Gated DeltaNet (Qwen3-Next / Qwen3.5 linear-attention layers; issue 30): the causal depthwise
+// conv1d over the concatenated q/k/v projection, the gated delta rule (chunked form for prefill,
+// recurrent form for decode, q/k L2 norm and the gates fused in) and the gated RMSNorm.
+//
+// Semantics: transformers' pure-torch path of modeling_qwen3_next.py (torch_causal_conv1d_update,
+// torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule, Qwen3NextRMSNormGated), with the
+// q/k L2 norm in fp32 as FLA's kernels do it (use_qk_l2norm_in_kernel). bf16 activations, fp32
+// arithmetic; the recurrent state is fp32 (`_f32` entries) or bf16 (`_bf16`), per sequence in the
+// `bytes_per_seq` state, at the row's `seq_slots` entry. A row whose first token has position 0
+// starts from a zero state (the engine never initializes a slot); a row with slot -1 or no
+// tokens touches nothing.
+//
+// Per-sequence slot layout (bytes), GDN layer l of num_layers (conv_dim = 2*Hk*D + Hv*D, D = 128):
+//   slot base = state + slot * bytes_per_seq,   bytes_per_seq = num_layers * layer_bytes
+//   layer_bytes = conv_bytes + rec_bytes,  conv_bytes = (KW-1) * conv_dim * 2,
+//   rec_bytes = Hv * D * D * (4 for _f32 | 2 for _bf16)
+//   layer l: [conv state: (KW-1) rows of conv_dim bf16, oldest input first]
+//            [recurrent state S: Hv x D (k) x D (v), row-major (S[h][dk][dv])]
+// See KERNELS.md ("Gated DeltaNet") for grids, blocks and shared memory.
+//
+// Built WITHOUT --use_fast_math (expf / log1pf / rsqrtf are the library functions).
+#include "common.cuh"
+
+using namespace kern;
+
+#define GDN_KW 4            // conv kernel width (Qwen3-Next / Qwen3.5: 4)
+#define GDN_C 64            // chunk length of the chunked form
+#define GDN_CHUNK_THREADS 256
+#define GDN_CONV_THREADS 128  // 2 channels per thread: 256 channels per CTA
+#define GDN_CONV_TOKENS 16    // tokens per CTA of gdn_conv
+#define GDN_NORM_THREADS 256  // 8 warps, one (token, head) each
+
+namespace gdn {
+
+template <int D, class ST>
+struct Layout {
+    int conv_dim;
+    size_t conv_bytes, rec_bytes, layer_bytes, seq_bytes;
+    __device__ __forceinline__ Layout(int hk, int hv, int num_layers) {
+        conv_dim = (2 * hk + hv) * D;
+        conv_bytes = (size_t)(GDN_KW - 1) * (size_t)conv_dim * 2;
+        rec_bytes = (size_t)hv * D * D * sizeof(ST);
+        layer_bytes = conv_bytes + rec_bytes;
+        seq_bytes = layer_bytes * (size_t)num_layers;
+    }
+    __device__ __forceinline__ unsigned char* layer_base(unsigned char* state, int slot, int layer) const {
+        return state + (size_t)slot * seq_bytes + (size_t)layer * layer_bytes;
+    }
+    __device__ __forceinline__ bf16* conv(unsigned char* state, int slot, int layer) const {
+        return reinterpret_cast<bf16*>(layer_base(state, slot, layer));
+    }
+    __device__ __forceinline__ ST* rec(unsigned char* state, int slot, int layer, int h) const {
+        return reinterpret_cast<ST*>(layer_base(state, slot, layer) + conv_bytes) + (size_t)h * D * D;
+    }
+};
+
+__device__ __forceinline__ float ld_state(const float* p) { return *p; }
+__device__ __forceinline__ float ld_state(const bf16* p) { return f(*p); }
+__device__ __forceinline__ void st_state(float* p, float v) { *p = v; }
+__device__ __forceinline__ void st_state(bf16* p, float v) { *p = b(v); }
+
+// torch: F.softplus(x) (beta 1, threshold 20) in fp32.
+__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+// g = -exp(A_log) * softplus(a + dt_bias) (fp32); beta = bf16(sigmoid(b)) (torch's bf16 sigmoid).
+__device__ __forceinline__ float gate_g(float a, float A_log, float dt_bias) {
+    return -expf(A_log) * softplus(a + dt_bias);
+}
+__device__ __forceinline__ float gate_beta(float bb) { return rb(1.f / (1.f + expf(-bb))); }
+
+// The row (sequence) of token t: the largest s < seqs with query_start[s] <= t, or -1 when t is
+// past query_start[seqs] (a padded token).
+__device__ __forceinline__ int row_of(const int* query_start, int seqs, int t) {
+    if (seqs <= 0 || t < query_start[0] || t >= query_start[seqs]) return -1;
+    int lo = 0, hi = seqs;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (query_start[mid] <= t) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
+
+// ------------------------------------------------------------------ causal conv1d (+ SiLU)
+// y[t, c] = bf16(silu(bf16(sum_j w[c, j] * in[t - (KW-1) + j, c]))) where `in` is the row's
+// inputs preceded by its conv state (zeros when the row starts at position 0). The conv state is
+// read only; gdn_conv_state writes it afterwards.
+template <int D, class ST>
+__device__ __forceinline__ void conv_impl(bf16* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                          unsigned char* state, const int* __restrict__ query_start,
+                                          const int* __restrict__ positions, const int* __restrict__ seq_slots,
+                                          int seqs, int tokens, int ld_x, int ld_y, int hk, int hv, int layer,
+                                          int num_layers) {
+    const Layout<D, ST> L(hk, hv, num_layers);
+    const int c = (blockIdx.x * GDN_CONV_THREADS + threadIdx.x) * 2;
+    if (c >= L.conv_dim) return;
+    float w0[GDN_KW], w1[GDN_KW];
+#pragma unroll
+    for (int j = 0; j < GDN_KW; ++j) {
+        w0[j] = f(w[(size_t)c * GDN_KW + j]);
+        w1[j] = f(w[(size_t)(c + 1) * GDN_KW + j]);
+    }
+    const int t0 = blockIdx.y * GDN_CONV_TOKENS;
+    for (int t = t0; t < t0 + GDN_CONV_TOKENS && t < tokens; ++t) {
+        const int s = row_of(query_start, seqs, t);
+        const int slot = s >= 0 ? seq_slots[s] : -1;
+        if (slot < 0) {  // padded token or row: zeros in y, nothing else
+            *reinterpret_cast<uint32_t*>(y + (size_t)t * ld_y + c) = 0u;
+            continue;
+        }
+        const int a = query_start[s];
+        const bool fresh = positions[a] == 0;
+        const bf16* cs = L.conv(state, slot, layer);
+        float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < GDN_KW; ++j) {
+            const int idx = t - (GDN_KW - 1) + j;
+            float2 v;
+            if (idx >= a) {
+                v = unpack2(*reinterpret_cast<const uint32_t*>(x + (size_t)idx * ld_x + c));
+            } else if (fresh) {
+                v = make_float2(0.f, 0.f);
+            } else {  // conv state row (KW-1) - (a - idx)
+                v = unpack2(*reinterpret_cast<const uint32_t*>(cs + (size_t)((GDN_KW - 1) - (a - idx)) * L.conv_dim + c));
+            }
+            acc0 = fmaf(w0[j], v.x, acc0);
+            acc1 = fmaf(w1[j], v.y, acc1);
+        }
+        *reinterpret_cast<uint32_t*>(y + (size_t)t * ld_y + c) = pack2(silu(rb(acc0)), silu(rb(acc1)));
+    }
+}
+
+// New conv state of each row: the last KW-1 inputs of [old state | row inputs].
+template <int D, class ST>
+__device__ __forceinline__ void conv_state_impl(const bf16* __restrict__ x, unsigned char* state,
+                                                const int* __restrict__ query_start, const int* __restrict__ positions,
+                                                const int* __restrict__ seq_slots, int seqs, int ld_x, int hk, int hv,
+                                                int layer, int num_layers) {
+    const Layout<D, ST> L(hk, hv, num_layers);
+    const int c = (blockIdx.x * GDN_CONV_THREADS + threadIdx.x) * 2;
+    const int s = blockIdx.y;
+    if (c >= L.conv_dim || s >= seqs) return;
+    const int slot = seq_slots[s];
+    const int a = query_start[s], n = query_start[s + 1] - a;
+    if (slot < 0 || n <= 0) return;
+    const bool fresh = positions[a] == 0;
+    bf16* cs = L.conv(state, slot, layer);
+    uint32_t old[GDN_KW - 1], nw[GDN_KW - 1];
+#pragma unroll
+    for (int j = 0; j < GDN_KW - 1; ++j)
+        old[j] = fresh ? 0u : *reinterpret_cast<const uint32_t*>(cs + (size_t)j * L.conv_dim + c);
+#pragma unroll
+    for (int j = 0; j < GDN_KW - 1; ++j) {
+        const int m = n + j;  // index in [old (KW-1) | inputs (n)]
+        nw[j] = m < GDN_KW - 1 ? old[m] : *reinterpret_cast<const uint32_t*>(x + (size_t)(a + m - (GDN_KW - 1)) * ld_x + c);
+    }
+#pragma unroll
+    for (int j = 0; j < GDN_KW - 1; ++j) *reinterpret_cast<uint32_t*>(cs + (size_t)j * L.conv_dim + c) = nw[j];
+}
+
+// ------------------------------------------------------------------ gated delta rule, chunked
+// One CTA per (row, v-head, slice of BV value columns). The columns of S are independent in the
+// recurrence, so a CTA keeps only S[:, slice] (fp32, shared memory) and walks the row's chunks of
+// 64 tokens in order. Per chunk (gc = cumsum of g within the chunk, Γ[i][j] = exp(gc_i - gc_j)):
+//   M = strict_lower(diag(β) K Kᵀ ∘ Γ)           P = lower(Q Kᵀ ∘ Γ)  (with the diagonal)
+//   W = (I + M)⁻¹ diag(β e^gc) K                  U = (I + M)⁻¹ diag(β) V     (forward substitution)
+//   V' = U - W S        O = diag(e^gc) Q S + P V'        S = e^gc_last S + (diag(e^(gc_last - gc)) K)ᵀ V'
+// which is torch_chunk_gated_delta_rule's algebra. CUDA cores, fp32 throughout.
+template <int D, int BV>
+struct ChunkSmem {
+    float Q[GDN_C][D + 4];   // l2-normalized q * D^-0.5
+    float K[GDN_C][D + 4];   // l2-normalized k
+    float W[GDN_C][D + 4];
+    float S[D][BV + 4];
+    float V[GDN_C][BV + 4];  // v -> U -> V'
+    float M[GDN_C][GDN_C + 1];
+    float P[GDN_C][GDN_C + 1];
+    float g[GDN_C], gc[GDN_C], beta[GDN_C];
+};
+
+template <int D, int BV, class ST>
+__device__ __forceinline__ void chunk_impl(bf16* __restrict__ o, const bf16* __restrict__ y, const bf16* __restrict__ bb,
+                                           const bf16* __restrict__ aa, const float* __restrict__ A_log,
+                                           const float* __restrict__ dt_bias, unsigned char* state,
+                                           const int* __restrict__ query_start, const int* __restrict__ positions,
+                                           const int* __restrict__ seq_slots, int seqs, int ld_y, int ld_ab, int ld_o,
+                                           int hk, int hv, int layer, int num_layers) {
+    static_assert(D % 32 == 0 && BV % 32 == 0 && D % BV == 0, "tiling");
+    static_assert(D + BV <= GDN_CHUNK_THREADS && (GDN_C / 4) * (BV / 4) <= GDN_CHUNK_THREADS &&
+                      (D / 8) * (BV / 4) <= GDN_CHUNK_THREADS, "tiling");
+    constexpr int NT = GDN_CHUNK_THREADS, C = GDN_C;
+    using Smem = ChunkSmem<D, BV>;
+    KERN_SMEM(Smem, sm);
+    const int s = blockIdx.x, h = blockIdx.y, v0 = blockIdx.z * BV;
+    if (s >= seqs) return;
+    const int slot = seq_slots[s];
+    const int a = query_start[s], n = query_start[s + 1] - a;
+    if (slot < 0 || n <= 0) return;
+    const Layout<D, ST> L(hk, hv, num_layers);
+    const int kh = h / (hv / hk);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float scale = 1.f / sqrtf((float)D);
+    const float Al = A_log[h], dtb = dt_bias[h];
+    ST* Sg = L.rec(state, slot, layer, h);
+    const bool fresh = positions[a] == 0;
+    for (int i = tid; i < D * BV; i += NT) {
+        const int d = i / BV, e = i % BV;
+        sm.S[d][e] = fresh ? 0.f : ld_state(Sg + (size_t)d * D + v0 + e);
+    }
+    const int qcol = kh * D, kcol = hk * D + kh * D, vcol = 2 * hk * D + h * D + v0;
+
+    for (int c0 = 0; c0 < n; c0 += C) {
+        const int Lc = min(C, n - c0);
+        __syncthreads();  // S written (load / previous chunk), previous chunk's reads done
+        // 1. load: l2-normalized q (scaled) and k, v slice, gates
+        for (int i = warp; i < C; i += NT / 32) {
+            if (i < Lc) {
+                const size_t t = (size_t)(a + c0 + i);
+                const bf16* row = y + t * ld_y;
+                float qv[D / 32], kv[D / 32], sq = 0.f, sk = 0.f;
+#pragma unroll
+                for (int r = 0; r < D / 32; ++r) {
+                    qv[r] = f(row[qcol + lane + 32 * r]);
+                    kv[r] = f(row[kcol + lane + 32 * r]);
+                    sq = fmaf(qv[r], qv[r], sq);
+                    sk = fmaf(kv[r], kv[r], sk);
+                }
+                sq = warp_sum(sq);
+                sk = warp_sum(sk);
+                const float rq = rsqrtf(sq + 1e-6f), rk = rsqrtf(sk + 1e-6f);
+#pragma unroll
+                for (int r = 0; r < D / 32; ++r) {
+                    sm.Q[i][lane + 32 * r] = qv[r] * rq * scale;
+                    sm.K[i][lane + 32 * r] = kv[r] * rk;
+                }
+#pragma unroll
+                for (int r = 0; r < BV / 32; ++r) sm.V[i][lane + 32 * r] = f(row[vcol + lane + 32 * r]);
+                if (lane == 0) {
+                    sm.g[i] = gate_g(f(aa[t * ld_ab + h]), Al, dtb);
+                    sm.beta[i] = gate_beta(f(bb[t * ld_ab + h]));
+                }
+            } else {
+#pragma unroll
+                for (int r = 0; r < D / 32; ++r) sm.Q[i][lane + 32 * r] = sm.K[i][lane + 32 * r] = 0.f;
+#pragma unroll
+                for (int r = 0; r < BV / 32; ++r) sm.V[i][lane + 32 * r] = 0.f;
+                if (lane == 0) sm.g[i] = sm.beta[i] = 0.f;
+            }
+        }
+        __syncthreads();
+        if (tid == 0) {  // cumulative gate (sequential, like a scan of 64)
+            float acc = 0.f;
+            for (int i = 0; i < C; ++i) {
+                acc += sm.g[i];
+                sm.gc[i] = acc;
+            }
+        }
+        __syncthreads();
+        // 2. M and P: 4 rows x 4 columns (stride 16) per thread
+        {
+            const int ti = tid >> 4, tj = tid & 15;
+            float m[4][4] = {}, p[4][4] = {};
+            for (int d = 0; d < D; d += 4) {
+                float4 qi[4], ki[4], kj[4];
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    qi[r] = *reinterpret_cast<const float4*>(&sm.Q[ti * 4 + r][d]);
+                    ki[r] = *reinterpret_cast<const float4*>(&sm.K[ti * 4 + r][d]);
+                    kj[r] = *reinterpret_cast<const float4*>(&sm.K[tj + 16 * r][d]);
+                }
+#pragma unroll
+                for (int r = 0; r < 4; ++r)
+#pragma unroll
+                    for (int cc = 0; cc < 4; ++cc) {
+                        m[r][cc] = fmaf(ki[r].x, kj[cc].x, m[r][cc]);
+                        m[r][cc] = fmaf(ki[r].y, kj[cc].y, m[r][cc]);
+                        m[r][cc] = fmaf(ki[r].z, kj[cc].z, m[r][cc]);
+                        m[r][cc] = fmaf(ki[r].w, kj[cc].w, m[r][cc]);
+                        p[r][cc] = fmaf(qi[r].x, kj[cc].x, p[r][cc]);
+                        p[r][cc] = fmaf(qi[r].y, kj[cc].y, p[r][cc]);
+                        p[r][cc] = fmaf(qi[r].z, kj[cc].z, p[r][cc]);
+                        p[r][cc] = fmaf(qi[r].w, kj[cc].w, p[r][cc]);
+                    }
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r)
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc) {
+                    const int i = ti * 4 + r, j = tj + 16 * cc;
+                    const float dec = j <= i ? expf(sm.gc[i] - sm.gc[j]) : 0.f;
+                    sm.M[i][j] = j < i ? sm.beta[i] * m[r][cc] * dec : 0.f;
+                    sm.P[i][j] = p[r][cc] * dec;
+                }
+        }
+        // 3. right-hand sides: W = diag(β e^gc) K, U = diag(β) V (each thread its own column below)
+        __syncthreads();
+        if (tid < D + BV) {
+            // forward substitution down one column: X_i -= sum_{j<i} M[i][j] X_j
+            const bool isw = tid < D;
+            const int col = isw ? tid : tid - D;
+            for (int i = 0; i < Lc; ++i) {
+                float x = isw ? sm.beta[i] * expf(sm.gc[i]) * sm.K[i][col] : sm.beta[i] * sm.V[i][col];
+                for (int j = 0; j < i; ++j) x = fmaf(-sm.M[i][j], isw ? sm.W[j][col] : sm.V[j][col], x);
+                if (isw) sm.W[i][col] = x;
+                else sm.V[i][col] = x;
+            }
+            for (int i = Lc; i < C; ++i) {
+                if (isw) sm.W[i][col] = 0.f;
+                else sm.V[i][col] = 0.f;
+            }
+        }
+        __syncthreads();
+        // 4. V' = U - W S and O = diag(e^gc) Q S (old S): 4 rows x 4 columns per thread
+        const int ti = tid / (BV / 4), tj = tid % (BV / 4);
+        const bool tile_on = tid < (C / 4) * (BV / 4);
+        float acc[4][4] = {};
+        if (tile_on) {
+            float vs[4][4] = {};
+            for (int d = 0; d < D; ++d) {
+                const float4 sv = *reinterpret_cast<const float4*>(&sm.S[d][tj * 4]);
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const float wv = sm.W[ti * 4 + r][d], qv = sm.Q[ti * 4 + r][d];
+                    vs[r][0] = fmaf(wv, sv.x, vs[r][0]);
+                    vs[r][1] = fmaf(wv, sv.y, vs[r][1]);
+                    vs[r][2] = fmaf(wv, sv.z, vs[r][2]);
+                    vs[r][3] = fmaf(wv, sv.w, vs[r][3]);
+                    acc[r][0] = fmaf(qv, sv.x, acc[r][0]);
+                    acc[r][1] = fmaf(qv, sv.y, acc[r][1]);
+                    acc[r][2] = fmaf(qv, sv.z, acc[r][2]);
+                    acc[r][3] = fmaf(qv, sv.w, acc[r][3]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int i = ti * 4 + r;
+                const float eg = expf(sm.gc[i]);
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc) {
+                    sm.V[i][tj * 4 + cc] -= vs[r][cc];
+                    acc[r][cc] *= eg;
+                }
+            }
+        }
+        __syncthreads();
+        // 5. O += P V', written out
+        if (tile_on) {
+            for (int j = 0; j < C; ++j) {
+                const float4 vv = *reinterpret_cast<const float4*>(&sm.V[j][tj * 4]);
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const float pv = sm.P[ti * 4 + r][j];
+                    acc[r][0] = fmaf(pv, vv.x, acc[r][0]);
+                    acc[r][1] = fmaf(pv, vv.y, acc[r][1]);
+                    acc[r][2] = fmaf(pv, vv.z, acc[r][2]);
+                    acc[r][3] = fmaf(pv, vv.w, acc[r][3]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int i = ti * 4 + r;
+                if (i < Lc) {
+                    bf16* orow = o + (size_t)(a + c0 + i) * ld_o + h * D + v0 + tj * 4;
+                    *reinterpret_cast<uint2*>(orow) = make_uint2(pack2(acc[r][0], acc[r][1]), pack2(acc[r][2], acc[r][3]));
+                }
+            }
+        }
+        // 6. S = e^gc_last S + sum_i (e^(gc_last - gc_i) k_i) ⊗ V'_i: 8 rows x 4 columns per thread
+        if (tid < (D / 8) * (BV / 4)) {
+            const int si = tid / (BV / 4), sj = tid % (BV / 4);
+            const float glast = sm.gc[C - 1];
+            float up[8][4] = {};
+            for (int i = 0; i < Lc; ++i) {
+                const float ek = expf(glast - sm.gc[i]);
+                const float4 vv = *reinterpret_cast<const float4*>(&sm.V[i][sj * 4]);
+#pragma unroll
+                for (int r = 0; r < 8; ++r) {
+                    const float kv = sm.K[i][si * 8 + r] * ek;
+                    up[r][0] = fmaf(kv, vv.x, up[r][0]);
+                    up[r][1] = fmaf(kv, vv.y, up[r][1]);
+                    up[r][2] = fmaf(kv, vv.z, up[r][2]);
+                    up[r][3] = fmaf(kv, vv.w, up[r][3]);
+                }
+            }
+            const float eg = expf(glast);
+            // every thread has finished reading S (step 4 ended at a barrier); each element of S is
+            // read and written here by its owner only
+#pragma unroll
+            for (int r = 0; r < 8; ++r)
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc) {
+                    float& sv = sm.S[si * 8 + r][sj * 4 + cc];
+                    sv = fmaf(eg, sv, up[r][cc]);
+                }
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < D * BV; i += NT) {
+        const int d = i / BV, e = i % BV;
+        st_state(Sg + (size_t)d * D + v0 + e, sm.S[d][e]);
+    }
+}
+
+// ------------------------------------------------------------------ gated delta rule, recurrent
+// One CTA of 2*D threads per (row, v-head); threads 2e and 2e+1 keep column e of S, rows
+// [0, D/2) and [D/2, D) (D/2 fp32 registers each), and walk the row's tokens (one for a decode row):
+//   S *= e^g;  kv = Sᵀk;  δ = β (v - kv);  S += k ⊗ δ;  o = Sᵀq   (torch_recurrent_gated_delta_rule)
+template <int D, class ST>
+__device__ __forceinline__ void recurrent_impl(bf16* __restrict__ o, const bf16* __restrict__ y,
+                                               const bf16* __restrict__ bb, const bf16* __restrict__ aa,
+                                               const float* __restrict__ A_log, const float* __restrict__ dt_bias,
+                                               unsigned char* state, const int* __restrict__ query_start,
+                                               const int* __restrict__ positions, const int* __restrict__ seq_slots,
+                                               int seqs, int ld_y, int ld_ab, int ld_o, int hk, int hv, int layer,
+                                               int num_layers) {
+    constexpr int H2 = D / 2;
+    __shared__ float qs[D], ks[D], red[2][D / 32];
+    const int s = blockIdx.x, h = blockIdx.y;
+    if (s >= seqs) return;
+    const int slot = seq_slots[s];
+    const int a = query_start[s], n = query_start[s + 1] - a;
+    if (slot < 0 || n <= 0) return;
+    const Layout<D, ST> L(hk, hv, num_layers);
+    const int kh = h / (hv / hk);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int e = tid >> 1, d0 = (tid & 1) * H2;
+    const float scale = 1.f / sqrtf((float)D);
+    const float Al = A_log[h], dtb = dt_bias[h];
+    ST* Sg = L.rec(state, slot, layer, h);
+    const bool fresh = positions[a] == 0;
+    float S[H2];
+#pragma unroll
+    for (int d = 0; d < H2; ++d) S[d] = fresh ? 0.f : ld_state(Sg + (size_t)(d0 + d) * D + e);
+    const int qcol = kh * D, kcol = hk * D + kh * D, vcol = 2 * hk * D + h * D;
+    for (int t = a; t < a + n; ++t) {
+        const bf16* row = y + (size_t)t * ld_y;
+        float q = 0.f, k = 0.f;
+        __syncthreads();  // the previous token's reads of qs / ks / red are done
+        if (tid < D) {  // warps 0 .. D/32-1: the l2 norms
+            q = f(row[qcol + tid]);
+            k = f(row[kcol + tid]);
+            const float sq = warp_sum(q * q), sk = warp_sum(k * k);
+            if (lane == 0) {
+                red[0][warp] = sq;
+                red[1][warp] = sk;
+            }
+        }
+        const float v = f(row[vcol + e]);
+        const float g = gate_g(f(aa[(size_t)t * ld_ab + h]), Al, dtb);
+        const float beta = gate_beta(f(bb[(size_t)t * ld_ab + h]));
+        __syncthreads();
+        if (tid < D) {
+            float tq = 0.f, tk = 0.f;
+#pragma unroll
+            for (int w = 0; w < D / 32; ++w) {
+                tq += red[0][w];
+                tk += red[1][w];
+            }
+            qs[tid] = q * rsqrtf(tq + 1e-6f) * scale;
+            ks[tid] = k * rsqrtf(tk + 1e-6f);
+        }
+        __syncthreads();
+        const float eg = expf(g);
+        float kv = 0.f;
+#pragma unroll
+        for (int d = 0; d < H2; ++d) {
+            S[d] *= eg;
+            kv = fmaf(S[d], ks[d0 + d], kv);
+        }
+        kv += __shfl_xor_sync(0xffffffffu, kv, 1);
+        const float delta = (v - kv) * beta;
+        float out = 0.f;
+#pragma unroll
+        for (int d = 0; d < H2; ++d) {
+            S[d] = fmaf(ks[d0 + d], delta, S[d]);
+            out = fmaf(S[d], qs[d0 + d], out);
+        }
+        out += __shfl_xor_sync(0xffffffffu, out, 1);
+        if ((tid & 1) == 0) o[(size_t)t * ld_o + h * D + e] = b(out);
+    }
+#pragma unroll
+    for (int d = 0; d < H2; ++d) st_state(Sg + (size_t)(d0 + d) * D + e, S[d]);
+}
+
+// ------------------------------------------------------------------ gated RMSNorm
+// out = bf16(float(bf16(w * bf16(x * rsqrt(mean(x²) + eps)))) * silu(z))   (Qwen3NextRMSNormGated)
+template <int D>
+__device__ __forceinline__ void norm_gated_impl(bf16* out, const bf16* x, const bf16* __restrict__ z,
+                                                const bf16* __restrict__ w, int n, int heads, int ld_x, int ld_z,
+                                                int ld_out, float eps) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int t = blockIdx.x, h = blockIdx.y * (GDN_NORM_THREADS / 32) + warp;
+    if (t >= n || h >= heads) return;
+    const bf16* xr = x + (size_t)t * ld_x + h * D;
+    const bf16* zr = z + (size_t)t * ld_z + h * D;
+    float v[D / 32], ss = 0.f;
+#pragma unroll
+    for (int r = 0; r < D / 32; ++r) {
+        v[r] = f(xr[lane + 32 * r]);
+        ss = fmaf(v[r], v[r], ss);
+    }
+    ss = warp_sum(ss);
+    const float rs = rsqrtf(ss * (1.f / (float)D) + eps);
+    bf16* orow = out + (size_t)t * ld_out + h * D;
+#pragma unroll
+    for (int r = 0; r < D / 32; ++r) {
+        const int i = lane + 32 * r;
+        const float hn = rb(f(w[i]) * rb(v[r] * rs));
+        orow[i] = b(hn * silu(f(zr[i])));
+    }
+}
+
+}  // namespace gdn
+
+// ================================================================== entries (D = 128)
+#define GDN_D 128
+#define GDN_BV 64
+
+#define GDN_STATE_ENTRIES(SUF, ST)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS)                                                     \
+        gdn_conv_##SUF(bf16* y, const bf16* x, const bf16* w, unsigned char* state, const int* query_start,           \
+                       const int* positions, const int* seq_slots, int seqs, int tokens, int ld_x, int ld_y,            \
+                       int num_k_heads, int num_v_heads, int layer, int num_layers) {                                  \
+        KERN_PDL_WAIT();                                                                                               \
+        gdn::conv_impl<GDN_D, ST>(y, x, w, state, query_start, positions, seq_slots, seqs, tokens, ld_x, ld_y,        \
+                                  num_k_heads, num_v_heads, layer, num_layers);                                        \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS)                                                     \
+        gdn_conv_state_##SUF(const bf16* x, unsigned char* state, const int* query_start, const int* positions,       \
+                             const int* seq_slots, int seqs, int ld_x, int num_k_heads, int num_v_heads, int layer,     \
+                             int num_layers) {                                                                         \
+        KERN_PDL_WAIT();                                                                                               \
+        gdn::conv_state_impl<GDN_D, ST>(x, state, query_start, positions, seq_slots, seqs, ld_x, num_k_heads,         \
+                                        num_v_heads, layer, num_layers);                                               \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GDN_CHUNK_THREADS)                                                    \
+        gdn_chunk_##SUF(bf16* o, const bf16* y, const bf16* b, const bf16* a, const float* A_log,                     \
+                        const float* dt_bias, unsigned char* state, const int* query_start, const int* positions,       \
+                        const int* seq_slots, int seqs, int ld_y, int ld_ab, int ld_o, int num_k_heads,                 \
+                        int num_v_heads, int layer, int num_layers) {                                                  \
+        KERN_PDL_WAIT();                                                                                               \
+        gdn::chunk_impl<GDN_D, GDN_BV, ST>(o, y, b, a, A_log, dt_bias, state, query_start, positions, seq_slots,     \
+                                           seqs, ld_y, ld_ab, ld_o, num_k_heads, num_v_heads, layer, num_layers);      \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(2 * GDN_D)                                                            \
+        gdn_recurrent_##SUF(bf16* o, const bf16* y, const bf16* b, const bf16* a, const float* A_log,                 \
+                            const float* dt_bias, unsigned char* state, const int* query_start, const int* positions,   \
+                            const int* seq_slots, int seqs, int ld_y, int ld_ab, int ld_o, int num_k_heads,             \
+                            int num_v_heads, int layer, int num_layers) {                                              \
+        KERN_PDL_WAIT();                                                                                               \
+        gdn::recurrent_impl<GDN_D, ST>(o, y, b, a, A_log, dt_bias, state, query_start, positions, seq_slots, seqs,   \
+                                       ld_y, ld_ab, ld_o, num_k_heads, num_v_heads, layer, num_layers);                \
+    }
+
+GDN_STATE_ENTRIES(f32, float)
+GDN_STATE_ENTRIES(bf16, bf16)
+
+extern "C" __global__ void __launch_bounds__(GDN_NORM_THREADS)
+gdn_norm_gated(bf16* out, const bf16* x, const bf16* z, const bf16* w, int n, int heads, int ld_x, int ld_z, int ld_out,
+               float eps) {
+    KERN_PDL_WAIT();
+    gdn::norm_gated_impl<GDN_D>(out, x, z, w, n, heads, ld_x, ld_z, ld_out, eps);
+}
