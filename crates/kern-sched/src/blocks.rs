@@ -24,6 +24,17 @@
 //! next step, and the page is cached on the GPU again. So a prefix evicted from the GPU comes
 //! back by copy instead of recompute, and a preempted sequence finds its full pages in one tier
 //! or the other when it resumes (only its last, partial page is computed again).
+//!
+//! **Snapshots** (optional, [`BlockManager::with_snapshots`]: a model with per-sequence states
+//! that declare `snapshot`): a pool of snapshot slots, each holding a copy of a sequence's
+//! per-sequence state at the end of one cached page — the page whose end it describes, found
+//! through the same hash chain. A slot is *free*, *reserved* (a save queued with a step, not yet
+//! attached) or *attached* to exactly one cached page (on the snapshot LRU). With snapshots a
+//! lookup only returns a run of pages whose last page has a snapshot (the hit is truncated to
+//! the deepest such page), so the state can be restored at exactly the hit's length; the host
+//! tier is not walked (snapshots stay on the GPU: a page restored from the host has none).
+//! Evicting a page (reusing it) frees its snapshot; when the pool is full, reserving a slot
+//! evicts the least recently used snapshot (its page stays cached, without a snapshot).
 
 use std::collections::HashMap;
 
@@ -83,6 +94,14 @@ pub struct CacheStats {
     pub stored: u64,
     /// Pages copied back from the host tier.
     pub restored: u64,
+    /// Snapshots of per-sequence states attached to cached pages (saves that took).
+    pub snapshots_saved: u64,
+    /// Snapshots copied into a sequence's slot at a prefix hit.
+    pub snapshots_restored: u64,
+    /// Snapshots dropped: with their page, or as the least recently used when the pool was full.
+    pub snapshots_evicted: u64,
+    /// Prompt tokens of cached pages a lookup passed over because no snapshot lay at or past them.
+    pub snapshot_truncated: u64,
 }
 
 /// A host slot's prefix.
@@ -181,6 +200,18 @@ impl Lru {
     }
 }
 
+/// The snapshot slots of the per-sequence states.
+#[derive(Debug, Clone)]
+struct SnapshotPool {
+    /// The cached page each slot is attached to (NIL: free or reserved).
+    page: Vec<u32>,
+    reserved: Vec<bool>,
+    /// Free slots (the lowest id last, so it is taken first).
+    free: Vec<u32>,
+    /// Attached slots, least recently used first.
+    lru: Lru,
+}
+
 #[derive(Debug, Clone)]
 pub struct BlockManager {
     page_tokens: usize,
@@ -195,6 +226,12 @@ pub struct BlockManager {
     host: Option<HostTier>,
     stores: Vec<(u32, u32)>,
     restores: Vec<(u32, u32)>,
+    snaps: Option<SnapshotPool>,
+    /// The snapshot slot attached to each page (NIL: none).
+    snap_of: Vec<u32>,
+    /// Pages between forced snapshot points of a prompt (0: none; see
+    /// [`BlockManager::with_snapshot_interval`]).
+    snapshot_interval: usize,
 }
 
 impl BlockManager {
@@ -214,6 +251,9 @@ impl BlockManager {
             host: None,
             stores: Vec::new(),
             restores: Vec::new(),
+            snaps: None,
+            snap_of: vec![NIL; total_pages],
+            snapshot_interval: 0,
         };
         // Lowest ids handed out first.
         for p in 0..total_pages as u32 {
@@ -233,6 +273,102 @@ impl BlockManager {
             HostTier { entries: vec![None; slots], by_hash: HashMap::new(), lru }
         });
         self
+    }
+
+    /// Declares that sequences carry per-sequence states, kept at page boundaries in `slots`
+    /// snapshot slots: lookups then return only runs of pages that end in a snapshot. With 0
+    /// slots nothing is ever hit (use the prefix cache off instead).
+    pub fn with_snapshots(mut self, slots: usize) -> Self {
+        assert!(slots < NIL as usize, "too many snapshot slots");
+        self.snaps = Some(SnapshotPool { page: vec![NIL; slots], reserved: vec![false; slots], free: (0..slots as u32).rev().collect(), lru: Lru::new(slots) });
+        self
+    }
+
+    /// With snapshots, also cuts prefill chunks every `pages` pages of a prompt (0: only at the
+    /// prompt's last page boundary and where the step budget ends a chunk), so that prompts
+    /// sharing only a part of a cached prompt (a system prompt) find a snapshot within it —
+    /// at the price of more, shorter prefill chunks.
+    pub fn with_snapshot_interval(mut self, pages: usize) -> Self {
+        self.snapshot_interval = pages;
+        self
+    }
+
+    /// Tokens between forced snapshot points (0: none).
+    pub fn snapshot_interval_tokens(&self) -> usize {
+        self.snapshot_interval * self.page_tokens
+    }
+
+    /// Whether hits need snapshots ([`BlockManager::with_snapshots`]).
+    pub fn snapshots(&self) -> bool {
+        self.snaps.is_some()
+    }
+
+    /// Snapshot slots (0 without snapshots).
+    pub fn snapshot_slots(&self) -> usize {
+        self.snaps.as_ref().map_or(0, |s| s.page.len())
+    }
+
+    /// The snapshot slot attached to `page`, if any.
+    pub fn snapshot_of(&self, page: u32) -> Option<u32> {
+        let s = self.snap_of[page as usize];
+        (s != NIL).then_some(s)
+    }
+
+    /// Whether the page cached with `hash` has a snapshot.
+    pub fn has_snapshot(&self, hash: PageHash) -> bool {
+        self.by_hash.get(&hash).is_some_and(|&p| self.snap_of[p as usize] != NIL)
+    }
+
+    /// A slot for a save queued with the next step: a free one, else the least recently used
+    /// snapshot's (evicted: its page stays cached without it). None without snapshots or when
+    /// every slot is reserved.
+    pub fn reserve_snapshot(&mut self) -> Option<u32> {
+        let sp = self.snaps.as_mut()?;
+        let slot = match sp.free.pop() {
+            Some(s) => s,
+            None => {
+                let s = sp.lru.pop_front()?;
+                let page = std::mem::replace(&mut sp.page[s as usize], NIL);
+                self.snap_of[page as usize] = NIL;
+                self.stats.snapshots_evicted += 1;
+                s
+            }
+        };
+        sp.reserved[slot as usize] = true;
+        Some(slot)
+    }
+
+    /// Attaches a reserved slot (its save made with the step just run) to cached `page`, the
+    /// page whose end its state describes. A page that is not cached, or has a snapshot already
+    /// (the same prefix computed twice at once), frees the slot instead. Returns whether it took.
+    pub fn attach_snapshot(&mut self, slot: u32, page: u32) -> bool {
+        let cached = self.cached[page as usize].is_some();
+        let Some(sp) = self.snaps.as_mut() else { return false };
+        debug_assert!(sp.reserved[slot as usize], "snapshot slot {slot} attached without a reservation");
+        sp.reserved[slot as usize] = false;
+        if !cached || self.snap_of[page as usize] != NIL {
+            sp.free.push(slot);
+            return false;
+        }
+        sp.page[slot as usize] = page;
+        sp.lru.push_back(slot);
+        self.snap_of[page as usize] = slot;
+        self.stats.snapshots_saved += 1;
+        true
+    }
+
+    /// Frees a reserved slot whose save will not be attached (its row did not run as planned).
+    pub fn cancel_snapshot(&mut self, slot: u32) {
+        if let Some(sp) = self.snaps.as_mut() {
+            debug_assert!(sp.reserved[slot as usize], "snapshot slot {slot} cancelled without a reservation");
+            sp.reserved[slot as usize] = false;
+            sp.free.push(slot);
+        }
+    }
+
+    /// Counts a snapshot copied into a sequence's slot.
+    pub fn record_snapshot_restore(&mut self) {
+        self.stats.snapshots_restored += 1;
     }
 
     /// Host slots (0 without a host tier).
@@ -292,6 +428,14 @@ impl BlockManager {
         if let Some(c) = self.cached[p as usize].take() {
             self.by_hash.remove(&c.hash);
             self.stats.evictions += 1;
+            // Its snapshot describes the prefix the page no longer holds: evicted with it.
+            let snap = std::mem::replace(&mut self.snap_of[p as usize], NIL);
+            if let (Some(sp), true) = (self.snaps.as_mut(), snap != NIL) {
+                sp.lru.unlink(snap);
+                sp.page[snap as usize] = NIL;
+                sp.free.push(snap);
+                self.stats.snapshots_evicted += 1;
+            }
             // A store not made yet (the page was registered outside a commit, e.g. by a draft
             // round, and evicted before the step after it) would copy what the page's next
             // owner writes: the host slot gives the prefix up instead.
@@ -361,7 +505,9 @@ impl BlockManager {
     }
 
     /// The longest cached run of full pages of `tokens`, at most `max_pages`: each page is
-    /// taken (its reference count goes up) and returned in order with the hash chain.
+    /// taken (its reference count goes up) and returned in order with the hash chain. With
+    /// snapshots, the run ends at its deepest page that has a snapshot (none: no hit), and the
+    /// host tier is not walked.
     pub fn lookup(&mut self, tokens: &[u32], max_pages: usize) -> (Vec<u32>, Vec<PageHash>) {
         let pt = self.page_tokens;
         let (mut pages, mut hashes) = (Vec::new(), Vec::new());
@@ -376,13 +522,30 @@ impl BlockManager {
             if c.tokens != chunk || c.parent != parent.map(|x| x.0) {
                 break; // a collision: never reuse another prefix's page
             }
+            pages.push(p);
+            hashes.push(h);
+            parent = Some((p, h));
+        }
+        if let Some(sp) = self.snaps.as_mut() {
+            // A sequence with per-sequence state can only continue where a snapshot was taken.
+            let keep = pages.iter().rposition(|&p| self.snap_of[p as usize] != NIL).map_or(0, |i| i + 1);
+            self.stats.snapshot_truncated += ((pages.len() - keep) * pt) as u64;
+            pages.truncate(keep);
+            hashes.truncate(keep);
+            if let Some(&last) = pages.last() {
+                let slot = self.snap_of[last as usize];
+                sp.lru.unlink(slot);
+                sp.lru.push_back(slot);
+            }
+        }
+        for &p in &pages {
             if self.refs[p as usize] == 0 {
                 self.free.unlink(p);
             }
             self.refs[p as usize] += 1;
-            pages.push(p);
-            hashes.push(h);
-            parent = Some((p, h));
+        }
+        if self.snaps.is_some() {
+            return (pages, hashes);
         }
         // Then the host tier: each hit takes a fresh GPU page and is copied back into it.
         let done = pages.len();
@@ -481,6 +644,39 @@ impl BlockManager {
             }
             assert_eq!(host.entries.iter().filter(|e| e.is_some()).count(), host.by_hash.len(), "host slots without a table entry");
         }
+        match &self.snaps {
+            None => assert!(self.snap_of.iter().all(|&s| s == NIL), "snapshots without a snapshot pool"),
+            Some(sp) => {
+                let on_lru = sp.lru.check("snapshot LRU");
+                let mut free = vec![false; sp.page.len()];
+                for &s in &sp.free {
+                    assert!(!free[s as usize], "snapshot slot {s} is free twice");
+                    free[s as usize] = true;
+                }
+                let mut lru = vec![false; sp.page.len()];
+                on_lru.iter().for_each(|&s| lru[s as usize] = true);
+                for s in 0..sp.page.len() {
+                    let page = sp.page[s];
+                    let states = [free[s], sp.reserved[s], page != NIL];
+                    assert_eq!(states.iter().filter(|&&x| x).count(), 1, "snapshot slot {s} must be exactly one of free, reserved, attached: {states:?}");
+                    assert_eq!(lru[s], page != NIL, "snapshot slot {s}: on the LRU iff attached");
+                    if page != NIL {
+                        assert_eq!(self.snap_of[page as usize], s as u32, "snapshot slot {s} and page {page} disagree");
+                        assert!(self.cached[page as usize].is_some(), "snapshot slot {s} belongs to page {page}, which is not cached (evicted without its snapshot)");
+                    }
+                }
+                for (p, &s) in self.snap_of.iter().enumerate() {
+                    if s != NIL {
+                        assert_eq!(sp.page[s as usize], p as u32, "page {p} names snapshot slot {s}, which belongs elsewhere");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Snapshot slots reserved and not yet attached or cancelled.
+    pub fn reserved_snapshots(&self) -> usize {
+        self.snaps.as_ref().map_or(0, |sp| sp.reserved.iter().filter(|&&r| r).count())
     }
 }
 
@@ -603,6 +799,41 @@ mod tests {
         let (hit, _) = b.lookup(&[1, 2, 3, 4, 5], 9);
         assert!(hit.is_empty(), "no host slot claims the prefix");
         assert!(b.take_restores().is_empty());
+        b.check();
+    }
+    #[test]
+    fn a_hit_with_snapshots_ends_at_the_deepest_snapshot() {
+        let mut b = BlockManager::new(6, 2).with_snapshots(2);
+        let mut a = Vec::new();
+        b.ensure(&mut a, 6).unwrap();
+        let c0 = b.register(a[0], None, &[1, 2]);
+        let c1 = b.register(a[1], Some(c0), &[3, 4]);
+        b.register(a[2], Some(c1), &[5, 6]);
+        // The state after 4 tokens is saved with the step and attached to the page ending there.
+        let s = b.reserve_snapshot().unwrap();
+        b.check();
+        assert_eq!(b.reserved_snapshots(), 1);
+        assert!(b.attach_snapshot(s, a[1]));
+        assert_eq!(b.snapshot_of(a[1]), Some(s));
+        let held = a.clone();
+        b.release(&mut a);
+        let (hit, _) = b.lookup(&[1, 2, 3, 4, 5, 6, 7], 9);
+        assert_eq!(hit.len(), 2, "three pages cached, the snapshot is at the second");
+        assert_eq!(b.stats().snapshot_truncated, 2);
+        assert_eq!(b.free_pages(), 4, "only the hit pages are taken");
+        b.release(&mut hit.clone());
+        assert!(b.lookup(&[1, 2, 9, 9], 9).0.is_empty(), "no snapshot within the shared page");
+        // A second attach to the same page frees its slot; a cancelled one too.
+        let t = b.reserve_snapshot().unwrap();
+        assert!(!b.attach_snapshot(t, held[1]));
+        let t = b.reserve_snapshot().unwrap();
+        b.cancel_snapshot(t);
+        b.check();
+        // Reusing the page evicts its snapshot with it.
+        let mut all = Vec::new();
+        b.ensure(&mut all, 12).unwrap();
+        assert_eq!(b.snapshot_of(held[1]), None);
+        assert_eq!(b.stats().snapshots_evicted, 1);
         b.check();
     }
 }

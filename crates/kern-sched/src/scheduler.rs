@@ -217,6 +217,10 @@ struct Seq {
     /// Drafts the draft program proposed for the sequence at `tokens.len() == proposed_at`.
     proposed: Vec<u32>,
     proposed_at: usize,
+    /// Tokens known when the sequence was last admitted (its prompt, or everything it had when
+    /// resumed after a preemption): the rows within them are prefill rows, whose page-boundary
+    /// states are snapshotted.
+    prefill_end: usize,
 }
 
 impl Seq {
@@ -240,6 +244,9 @@ pub struct Scheduler {
     spec_stats: SpecStats,
     /// The draft round in progress (between `draft_begin` and the last `draft_advance`).
     round: Vec<RoundSeq>,
+    /// Snapshot saves of the step last scheduled: (sequence, row end, snapshot slot), attached
+    /// to the page ending at the row's end when the step is committed.
+    pending_saves: Vec<(SeqId, usize, u32)>,
 }
 
 /// One sequence of a draft round.
@@ -270,7 +277,8 @@ impl Scheduler {
     pub fn new(cfg: SchedulerConfig, blocks: BlockManager) -> Self {
         assert!(cfg.chunk > 0 && cfg.max_seqs > 0, "step budgets must be positive");
         let free_slots = (0..cfg.max_seqs as u32).rev().collect();
-        Scheduler { cfg, blocks, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, preemptions: 0, free_slots, pending_drafts: Default::default(), spec_stats: SpecStats::default(), round: Vec::new() }
+        assert!(!(blocks.snapshots() && cfg.spec.is_some()), "speculative decoding cannot roll back a per-sequence state: the engine refuses it");
+        Scheduler { cfg, blocks, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, preemptions: 0, free_slots, pending_drafts: Default::default(), spec_stats: SpecStats::default(), round: Vec::new(), pending_saves: Vec::new() }
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -292,7 +300,7 @@ impl Scheduler {
         self.limits().check(prompt.len(), params.max_tokens)?;
         let id = self.next_id;
         self.next_id += 1;
-        self.waiting.push_back(Seq { id, tokens: prompt, computed: 0, generated: 0, pages: Vec::new(), chain: Vec::new(), slot: None, params, draft_computed: 0, proposed: Vec::new(), proposed_at: 0 });
+        self.waiting.push_back(Seq { id, tokens: prompt, computed: 0, generated: 0, pages: Vec::new(), chain: Vec::new(), slot: None, params, draft_computed: 0, proposed: Vec::new(), proposed_at: 0, prefill_end: 0 });
         Ok(id)
     }
 
@@ -369,6 +377,11 @@ impl Scheduler {
     /// The next step's work, padded by `pad(real_tokens, real_seqs, decode) -> (tokens, seqs)`;
     /// None when nothing can run.
     pub fn schedule(&mut self, pad: impl Fn(usize, usize, bool) -> (usize, usize)) -> Option<Step> {
+        // Saves of a step that was never committed: their rows did not run.
+        for (_, _, slot) in std::mem::take(&mut self.pending_saves) {
+            self.blocks.cancel_snapshot(slot);
+        }
+        let mut restores: Vec<(u32, u32)> = Vec::new();
         let mut budget = self.cfg.chunk;
         let mut picked: Vec<(SeqId, usize)> = Vec::new();
         let mut preempted = false;
@@ -390,7 +403,7 @@ impl Scheduler {
             // Until it fits, or is preempted itself (then it is no longer running).
             while let Some(i) = self.running.iter().position(|s| s.id == id) {
                 let s = &mut self.running[i];
-                let n = s.left().min(budget);
+                let n = chunk_len(&self.blocks, s.computed, s.left().min(budget), s.prefill_end);
                 let mut draft = Vec::new();
                 if let (1, Some(sp), true) = (n, &self.cfg.spec, draft_ok) {
                     let room = sp
@@ -438,7 +451,8 @@ impl Scheduler {
             front.computed = cached;
             // Cached pages hold every per-token state, the draft program's included.
             front.draft_computed = cached;
-            let n = front.left().min(budget);
+            front.prefill_end = front.tokens.len();
+            let n = chunk_len(&self.blocks, cached, front.left().min(budget), front.prefill_end);
             if self.blocks.ensure(&mut front.pages, cached + n).is_err() {
                 // Give the hits back; try again after pages are freed.
                 self.blocks.release(&mut front.pages);
@@ -449,7 +463,15 @@ impl Scheduler {
             }
             self.blocks.record(front.tokens.len(), cached);
             let mut s = self.waiting.pop_front().expect("front exists");
-            s.slot = Some(self.free_slots.pop().expect("a slot per running sequence"));
+            let slot = self.free_slots.pop().expect("a slot per running sequence");
+            s.slot = Some(slot);
+            if let Some(&(last, _)) = s.chain.last().filter(|_| self.blocks.snapshots()) {
+                // The hit ends at a page with a snapshot (lookup truncates to one): the state
+                // after exactly `cached` tokens goes into the sequence's slot before the step.
+                let snap = self.blocks.snapshot_of(last).expect("a hit with snapshots ends at a snapshot");
+                restores.push((snap, slot));
+                self.blocks.record_snapshot_restore();
+            }
             picked.push((s.id, n));
             budget -= n;
             rows_used += 1;
@@ -480,7 +502,29 @@ impl Scheduler {
         let real_tokens = views.iter().map(|v| v.n).sum();
         let decode = views.iter().all(|v| v.n == 1);
         let (tp, sp) = pad(real_tokens, views.len(), decode);
-        let step = Step::build(&views, tp, sp, self.cfg.pages_per_seq, self.blocks.page_tokens());
+        let mut step = Step::build(&views, tp, sp, self.cfg.pages_per_seq, self.blocks.page_tokens());
+        step.snapshot_restores = restores;
+        if self.blocks.snapshots() {
+            let pt = self.blocks.page_tokens();
+            for &(i, n) in &rows {
+                let s = &self.running[i];
+                let end = s.computed + n;
+                // A prefill row that ends at a page boundary whose page has no snapshot yet.
+                if drafts.contains_key(&s.id) || !end.is_multiple_of(pt) || end == 0 || end > s.prefill_end {
+                    continue;
+                }
+                let mut h = s.chain.last().map(|c| c.1);
+                for page in s.chain.len()..end / pt {
+                    h = Some(crate::blocks::page_hash(h, &s.tokens[page * pt..(page + 1) * pt]));
+                }
+                if h.is_some_and(|h| self.blocks.has_snapshot(h)) {
+                    continue;
+                }
+                let Some(snap) = self.blocks.reserve_snapshot() else { break };
+                step.snapshot_saves.push((s.slot.expect("a running sequence has a slot"), snap));
+                self.pending_saves.push((s.id, end, snap));
+            }
+        }
         self.pending_drafts = drafts;
         Some(step)
     }
@@ -494,6 +538,9 @@ impl Scheduler {
         let max_context = self.max_context();
         let program = self.drafts_from_program();
         let drafts = std::mem::take(&mut self.pending_drafts);
+        let saves = std::mem::take(&mut self.pending_saves);
+        // Sequences whose row of this step was applied.
+        let mut applied: Vec<SeqId> = Vec::new();
         let mut row = 0;
         while row < step.seqs.len() {
             let ss = &step.seqs[row];
@@ -504,6 +551,7 @@ impl Scheduler {
             if s.computed != ss.start {
                 continue; // preempted and re-admitted since: this row is stale
             }
+            applied.push(s.id);
             // Tokens this sequence emits: one per row, while drafts are accepted.
             let emit: Vec<(usize, Option<u32>)> = match draft {
                 None if !ss.samples => {
@@ -564,6 +612,18 @@ impl Scheduler {
                 self.blocks.truncate(&mut s.pages, keep);
             }
         }
+        // Each save the step made is attached to the cached page that ends where its row ended
+        // (the canonical page of the sequence's chain there); otherwise its slot is freed.
+        let pt = blocks_pt;
+        for (id, end, snap) in saves {
+            let page = self.running.iter().find(|s| s.id == id).filter(|s| applied.contains(&s.id) && s.computed >= end).and_then(|s| s.chain.get(end / pt - 1)).map(|c| c.0);
+            match page {
+                Some(p) => {
+                    self.blocks.attach_snapshot(snap, p);
+                }
+                None => self.blocks.cancel_snapshot(snap),
+            }
+        }
         let (blocks, slots) = (&mut self.blocks, &mut self.free_slots);
         self.running.retain_mut(|s| {
             let done = out.iter().any(|o| o.id == s.id && o.finished.is_some());
@@ -604,6 +664,7 @@ impl Scheduler {
                 assert!(registered <= s.draft_computed, "sequence {}: {registered} tokens of pages cached, draft state of only {}", s.id, s.draft_computed);
             }
         }
+        assert_eq!(self.blocks.reserved_snapshots(), self.pending_saves.len(), "every reserved snapshot slot belongs to a save of the step in flight");
         let mut slots: Vec<u32> = self.running.iter().map(|s| s.slot.expect("a running sequence has a slot")).chain(self.free_slots.iter().copied()).collect();
         slots.sort_unstable();
         assert_eq!(slots, (0..self.cfg.max_seqs as u32).collect::<Vec<_>>(), "every slot is free or held by exactly one running sequence");
@@ -801,6 +862,35 @@ fn seq_view<'a>(s: &'a Seq, tokens: &'a [u32], offset: usize, start: usize, n: u
     }
 }
 
+/// How many of the `n` tokens the budget allows from `start` a prefill chunk takes. Without
+/// snapshots, all. With snapshots (per-sequence states), chunks end at page boundaries so that
+/// the state there can be saved: a chunk that would cross the deepest page boundary before the
+/// known tokens' end (`prefill_end`; the deepest point a later identical prompt can hit) — or,
+/// with a snapshot interval, the next multiple of it — stops there; a chunk that stops short of
+/// the end is cut back to the last page boundary it crosses (unless that leaves nothing: then
+/// it runs unaligned, and the next chunk aligns). A decode row (one token past the known ones)
+/// is never cut.
+fn chunk_len(blocks: &BlockManager, start: usize, n: usize, prefill_end: usize) -> usize {
+    if !blocks.snapshots() || start >= prefill_end {
+        return n;
+    }
+    let pt = blocks.page_tokens();
+    let end = start + n;
+    let last = (prefill_end - 1) / pt * pt;
+    let every = blocks.snapshot_interval_tokens();
+    let stop = start.checked_div(every).map_or(last, |k| ((k + 1) * every).min(last));
+    if start < stop && end > stop {
+        return stop - start;
+    }
+    if end < prefill_end {
+        let b = end / pt * pt;
+        if b > start {
+            return b - start;
+        }
+    }
+    n
+}
+
 /// A draft-program row: like [`seq_view`], but greedy.
 fn draft_view<'a>(s: &'a Seq, tokens: &'a [u32], offset: usize, start: usize, n: usize, samples: bool) -> SeqView<'a> {
     SeqView { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, ..seq_view(s, tokens, offset, start, n, samples) }
@@ -956,6 +1046,39 @@ mod tests {
         /// A draft program: its rule and its own per-token state (`draft_kv`), paged like `kv`
         /// (host tier included).
         draft: Option<(Rule, Store, Store)>,
+        /// A per-sequence state: its slots and its snapshot slots.
+        seq: Option<SeqState>,
+    }
+
+    /// A fake per-sequence state: a rolling hash of every (token, position) of the sequence so
+    /// far, and how many tokens it has seen. Each row's next token mixes the state in, so a
+    /// wrong state changes outputs; and every row checks that the state it starts from is
+    /// exactly what a run without any cache would have at its first position.
+    type SeqSlot = Option<(u64, usize)>;
+    struct SeqState {
+        slots: Vec<SeqSlot>,
+        snaps: Vec<SeqSlot>,
+        restores: usize,
+    }
+
+    fn fold_state(mut st: (u64, usize), tokens: &[u32]) -> (u64, usize) {
+        for &t in tokens {
+            st.0 = (st.0 ^ ((t as u64) << 20 | st.1 as u64)).wrapping_mul(0x100_0000_01b3).rotate_left(7);
+            st.1 += 1;
+        }
+        st
+    }
+
+    const STATE0: (u64, usize) = (0x9e37_79b9_7f4a_7c15, 0);
+
+    /// The next token with the state after `ctx` mixed in.
+    fn with_state(rule: fn(&[u32]) -> u32, ctx: &[u32], state: (u64, usize)) -> u32 {
+        (rule(ctx) + (state.0 >> 40) as u32 % 7) % 1000
+    }
+
+    /// `next_token` of a model with a per-sequence state: what a run without any cache gives.
+    fn stateful(ctx: &[u32]) -> u32 {
+        with_state(next_token, ctx, fold_state(STATE0, ctx))
     }
 
     /// Writes a step's new tokens into `kv` and computes every row's next token with `rule` from
@@ -991,7 +1114,59 @@ mod tests {
     impl Fake {
         fn new(s: &Scheduler, host_slots: usize, rule: fn(&[u32]) -> u32) -> Fake {
             let pt = s.page_tokens();
-            Fake { kv: vec![None; s.total_pages() * pt], host: vec![None; host_slots * pt], pt, rule, draft: None }
+            Fake { kv: vec![None; s.total_pages() * pt], host: vec![None; host_slots * pt], pt, rule, draft: None, seq: None }
+        }
+
+        /// A model with a per-sequence state (see [`SeqState`]) of `snapshots` snapshot slots,
+        /// whose rule is `next_token` with the state mixed in ([`stateful`] is its reference).
+        fn with_seq_state(mut self, s: &Scheduler, snapshots: usize) -> Fake {
+            self.rule = stateful;
+            self.seq = Some(SeqState { slots: vec![None; s.config().max_seqs], snaps: vec![None; snapshots], restores: 0 });
+            self
+        }
+
+        /// A step of the model with a per-sequence state: restores, then the rows (each checks
+        /// the state it starts from and advances it), then saves.
+        fn run_seq_rows(&mut self, st: &Step) -> Vec<i32> {
+            let seq = self.seq.as_mut().expect("a per-sequence state");
+            for &(snap, slot) in &st.snapshot_restores {
+                seq.slots[slot as usize] = Some(seq.snaps[snap as usize].unwrap_or_else(|| panic!("restoring snapshot slot {snap}, never saved")));
+                seq.restores += 1;
+            }
+            // The KV writes and the contexts read back through the block tables.
+            let ctxs: Vec<Vec<u32>> = {
+                let mut kv = std::mem::take(&mut self.kv);
+                let pt = self.pt;
+                run_rows(&mut kv, pt, st, |_| 0, "KV");
+                let ctxs = (0..st.real_seqs)
+                    .map(|r| (0..st.seq_lens[r] as usize).map(|p| kv[st.block_tables[r * st.pages + p / pt] as usize * pt + p % pt].expect("written").0).collect())
+                    .collect();
+                self.kv = kv;
+                ctxs
+            };
+            let out = (0..st.real_seqs)
+                .map(|r| {
+                    let slot = st.seq_slots[r] as usize;
+                    let (q0, q1) = (st.query_start[r] as usize, st.query_start[r + 1] as usize);
+                    let start = st.positions[q0] as usize;
+                    let ctx = &ctxs[r];
+                    let before = if start == 0 {
+                        STATE0
+                    } else {
+                        let got = seq.slots[slot].unwrap_or_else(|| panic!("row {r} starts at position {start} from an empty per-sequence slot"));
+                        assert_eq!(got.1, start, "row {r} starts at position {start}, its per-sequence slot holds the state after {} tokens", got.1);
+                        assert_eq!(got, fold_state(STATE0, &ctx[..start]), "row {r}: the per-sequence state at position {start} is not the state of an uncached run");
+                        got
+                    };
+                    let after = fold_state(before, &ctx[start..start + (q1 - q0)]);
+                    seq.slots[slot] = Some(after);
+                    with_state(next_token, ctx, after) as i32
+                })
+                .collect();
+            for &(slot, snap) in &st.snapshot_saves {
+                seq.snaps[snap as usize] = seq.slots[slot as usize];
+            }
+            out
         }
 
         fn with_draft(mut self, rule: fn(&[u32]) -> u32) -> Fake {
@@ -1019,7 +1194,7 @@ mod tests {
             if let Some((_, dkv, dhost)) = self.draft.as_mut() {
                 copy_pages(dhost, dkv, &restores, pt);
             }
-            let sampled = run_rows(&mut self.kv, pt, st, self.rule, "KV");
+            let sampled = if self.seq.is_some() { self.run_seq_rows(st) } else { run_rows(&mut self.kv, pt, st, self.rule, "KV") };
             let out = s.commit(st, &sampled);
             let stores = s.take_stores();
             copy_pages(&self.kv, &mut self.host, &stores, pt);
@@ -1299,6 +1474,119 @@ mod tests {
         assert!(sp.draft_tokens > 0, "{sp:?}");
     }
 
+    /// A scheduler for a model with a per-sequence state: pages of 4 tokens, `snaps` snapshot
+    /// slots, a snapshot point every `every` pages (0: none).
+    fn snap_sched(chunk: usize, max_seqs: usize, pages: usize, snaps: usize, every: usize) -> Scheduler {
+        Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 64, pages_per_seq: 16, spec: None }, BlockManager::new(pages, 4).with_snapshots(snaps).with_snapshot_interval(every))
+    }
+
+    /// Runs one request to the end; its tokens and its first step's row (start, n).
+    fn run_one(s: &mut Scheduler, fake: &mut Fake, prompt: &[u32], max_tokens: usize) -> (Vec<u32>, (usize, usize), Step) {
+        let id = s.add(prompt.to_vec(), SamplingParams { max_tokens, ..Default::default() }).unwrap();
+        let first = s.schedule(no_pad).unwrap();
+        let row = (first.seqs[0].start, first.seqs[0].n);
+        let mut out: Vec<u32> = fake.step(s, &first).into_iter().map(|o| o.token).collect();
+        s.check_invariants();
+        let (rest, _, _) = run_all(s, fake);
+        out.extend(rest.get(&id).cloned().unwrap_or_default());
+        (out, row, first)
+    }
+
+    #[test]
+    fn a_repeated_prompt_continues_from_the_snapshot_at_its_last_page_boundary() {
+        let mut s = snap_sched(64, 4, 32, 8, 0);
+        let mut fake = Fake::new(&s, 0, next_token).with_seq_state(&s, 8);
+        let a: Vec<u32> = (0..22).collect();
+        // Cold: the prefill stops at 20, the deepest page boundary before the prompt's end, and
+        // the state there is saved; the last two tokens follow in the next step.
+        let (out, row, first) = run_one(&mut s, &mut fake, &a, 3);
+        assert_eq!(out, reference(stateful, &a, 3));
+        assert_eq!(row, (0, 20));
+        assert_eq!((first.snapshot_saves.len(), first.snapshot_restores.len()), (1, 0));
+        assert_eq!(s.cache_stats().snapshots_saved, 1);
+        // Again: 5 cached pages, and the state after them restored into the new slot.
+        let (again, row, first) = run_one(&mut s, &mut fake, &a, 3);
+        assert_eq!(again, out, "the same tokens from the restored state");
+        assert_eq!(row, (20, 2));
+        assert_eq!(first.snapshot_restores.len(), 1);
+        assert!(first.snapshot_saves.is_empty(), "the page at 20 has its snapshot already");
+        assert_eq!((s.cache_stats().hits, s.cache_stats().snapshots_restored), (20, 1));
+        assert_eq!(fake.seq.as_ref().unwrap().restores, 1);
+        // A prompt that shares 18 tokens: pages up to 16 are cached but no snapshot lies within
+        // them, so it is computed from the start (the hit would need the state at 16).
+        let b: Vec<u32> = a[..18].iter().copied().chain([900, 901, 902]).collect();
+        let (out_b, row, _) = run_one(&mut s, &mut fake, &b, 3);
+        assert_eq!(out_b, reference(stateful, &b, 3));
+        assert_eq!(row.0, 0);
+        assert_eq!(s.cache_stats().snapshot_truncated, 16);
+        // A longer prompt extending `a` (the next turn of a conversation) hits at 20.
+        let c: Vec<u32> = a.iter().copied().chain(out.iter().copied()).chain([7, 7, 7, 7, 7]).collect();
+        let (out_c, row, _) = run_one(&mut s, &mut fake, &c, 3);
+        assert_eq!(out_c, reference(stateful, &c, 3));
+        assert_eq!(row.0, 20);
+        assert_eq!(s.free_pages(), 32);
+    }
+
+    #[test]
+    fn a_snapshot_interval_lets_a_shared_system_prompt_hit() {
+        let mut s = snap_sched(64, 4, 32, 8, 2);
+        let mut fake = Fake::new(&s, 0, next_token).with_seq_state(&s, 8);
+        let system: Vec<u32> = (0..18).collect();
+        let a: Vec<u32> = system.iter().copied().chain([50, 51, 52, 53]).collect();
+        let id = s.add(a.clone(), SamplingParams { max_tokens: 2, ..Default::default() }).unwrap();
+        // Chunks end every 2 pages (8 tokens) and at 20: 0..8, 8..16, 16..20, 20..22.
+        let mut rows = vec![];
+        let mut got = vec![];
+        while s.has_work() {
+            let st = s.schedule(no_pad).unwrap();
+            rows.push((st.seqs[0].start, st.seqs[0].n, st.snapshot_saves.len()));
+            got.extend(fake.step(&mut s, &st).into_iter().filter(|o| o.id == id).map(|o| o.token));
+            s.check_invariants();
+        }
+        assert_eq!(got, reference(stateful, &a, 2));
+        assert_eq!(&rows[..4], &[(0, 8, 1), (8, 8, 1), (16, 4, 1), (20, 2, 0)]);
+        let b: Vec<u32> = system.iter().copied().chain([60, 61]).collect();
+        let (out_b, row, first) = run_one(&mut s, &mut fake, &b, 4);
+        assert_eq!(out_b, reference(stateful, &b, 4));
+        assert_eq!(row.0, 16, "the system prompt's snapshot at 16");
+        assert_eq!(first.snapshot_restores.len(), 1);
+    }
+
+    #[test]
+    fn snapshots_are_evicted_with_their_pages_and_by_lru() {
+        // One snapshot slot: the second prompt's save evicts the first prompt's snapshot.
+        let mut s = snap_sched(64, 1, 32, 1, 0);
+        let mut fake = Fake::new(&s, 0, next_token).with_seq_state(&s, 1);
+        let a: Vec<u32> = (0..10).collect();
+        let b: Vec<u32> = (100..110).collect();
+        run_one(&mut s, &mut fake, &a, 2);
+        run_one(&mut s, &mut fake, &b, 2);
+        assert_eq!(s.cache_stats().snapshots_evicted, 1);
+        let (out, row, _) = run_one(&mut s, &mut fake, &a, 2);
+        assert_eq!(out, reference(stateful, &a, 2));
+        assert_eq!(row.0, 0, "a's pages are cached, its snapshot is gone: no hit");
+        // Pages evicted: their snapshots go with them (check_invariants checks each step).
+        let mut s = snap_sched(64, 1, 4, 4, 0);
+        let mut fake = Fake::new(&s, 0, next_token).with_seq_state(&s, 4);
+        run_one(&mut s, &mut fake, &a, 2);
+        run_one(&mut s, &mut fake, &b, 2);
+        assert!(s.cache_stats().snapshots_evicted >= 1, "{:?}", s.cache_stats());
+        let (out, row, _) = run_one(&mut s, &mut fake, &a, 2);
+        assert_eq!((out, row.0), (reference(stateful, &a, 2), 0));
+    }
+
+    /// The fake's check is what the property tests rely on: a hit without a restored state
+    /// (the prefix cache without snapshots) is caught.
+    #[test]
+    #[should_panic(expected = "per-sequence")]
+    fn a_hit_without_its_state_is_caught() {
+        let mut s = Scheduler::new(SchedulerConfig { chunk: 64, max_seqs: 2, max_context: 64, pages_per_seq: 16, spec: None }, BlockManager::new(32, 4));
+        let mut fake = Fake::new(&s, 0, next_token).with_seq_state(&s, 0);
+        let a: Vec<u32> = (0..22).collect();
+        run_one(&mut s, &mut fake, &a, 3);
+        run_one(&mut s, &mut fake, &a, 3);
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
         /// Random arrivals, aborts and pool sizes: every sequence either finishes with exactly
@@ -1385,6 +1673,32 @@ mod tests {
             if self_draft {
                 proptest::prop_assert_eq!(sp.accepted_tokens, sp.draft_tokens, "{:?}", sp);
             }
+        }
+        /// A model with a per-sequence state: shared prefixes, small page and snapshot pools
+        /// (eviction of both), preemption and aborts. Every row starts from exactly the state an
+        /// uncached run has at its position (the fake checks), every finished sequence gets the
+        /// uncached run's tokens, and snapshot slots are never owned twice nor outlive their page.
+        #[test]
+        fn per_sequence_snapshots_keep_outputs_exact(
+            pages in 6usize..30,
+            snaps in 1usize..8,
+            every in 0usize..4,
+            chunk in 1usize..24,
+            max_seqs in 1usize..5,
+            reqs in proptest::collection::vec((0usize..3, 0usize..9, 1usize..8, proptest::option::of(0usize..40)), 1..14),
+        ) {
+            let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 64, pages_per_seq: 16, spec: None }, BlockManager::new(pages, 4).with_snapshots(snaps).with_snapshot_interval(every));
+            let mut fake = Fake::new(&s, 0, next_token).with_seq_state(&s, snaps);
+            let prefixes: [Vec<u32>; 3] = [(0..13).collect(), (0..9).map(|t| 100 + t).collect(), (0..4).collect()];
+            let reqs = reqs
+                .into_iter()
+                .enumerate()
+                .map(|(k, (pre, extra, max_tokens, abort_at))| (prefixes[pre].iter().copied().chain((0..extra as u32).map(|t| 1000 + t + k as u32)).collect(), max_tokens, abort_at))
+                .collect();
+            drive(&mut s, &mut fake, reqs)?;
+            let st = s.cache_stats();
+            proptest::prop_assert_eq!(st.snapshots_restored as usize, fake.seq.as_ref().unwrap().restores);
+            proptest::prop_assert_eq!(s.blocks.reserved_snapshots(), 0);
         }
     }
 }

@@ -42,6 +42,13 @@ pub struct Step {
     pub top_k: Vec<i32>,
     pub top_p: Vec<f32>,
     pub seeds: Vec<u64>,
+    /// Snapshot copies to make **before** the step's program: `(snapshot slot, sequence slot)`
+    /// — a sequence that starts at a cached prefix continues from the state saved at its end.
+    /// Not step-ABI buffers: the model makes the copies on the step's stream.
+    pub snapshot_restores: Vec<(u32, u32)>,
+    /// Snapshot copies to make **after** the step's program: `(sequence slot, snapshot slot)` —
+    /// the state of a row whose chunk ends at a page boundary, kept for that page.
+    pub snapshot_saves: Vec<(u32, u32)>,
 }
 
 /// What the step builder needs to know about one sequence.
