@@ -465,6 +465,9 @@ pub(crate) fn publish(inner: &Inner, sched: &Scheduler) {
     m.host_hits.inc_by(c.host_hits.saturating_sub(m.host_hits.get()));
     m.stored_pages.inc_by(c.stored.saturating_sub(m.stored_pages.get()));
     m.restored_pages.inc_by(c.restored.saturating_sub(m.restored_pages.get()));
+    m.snapshots_saved.inc_by(c.snapshots_saved.saturating_sub(m.snapshots_saved.get()));
+    m.snapshots_restored.inc_by(c.snapshots_restored.saturating_sub(m.snapshots_restored.get()));
+    m.snapshots_evicted.inc_by(c.snapshots_evicted.saturating_sub(m.snapshots_evicted.get()));
     m.cached_pages.set(sched.cached_pages() as i64);
     m.running.set(sched.running() as i64);
     m.waiting.set(sched.waiting() as i64);

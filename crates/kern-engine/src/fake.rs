@@ -17,6 +17,15 @@
 //! With [`FakeModel::with_draft`] it also has a draft program: its own rule over its own
 //! per-token state (a second store paged by the same block tables, like `draft_kv`), checked
 //! the same way — a draft row reading a position whose draft state was never written fails.
+//!
+//! With [`FakeModel::with_seq_state`] it also has a per-sequence state with snapshots, like a
+//! recurrent state declared `"snapshot": true`: each slot holds a rolling hash of every
+//! (token, position) the sequence has been through and how many tokens that is. A row starting
+//! at position 0 starts it fresh; any other row checks that its slot holds exactly the state an
+//! uncached run has at that position (a wrong or missing restore is a step error), and every
+//! row's token mixes the state in ([`FakeModel::reference_with_state`] is the uncached
+//! reference). The step's snapshot restores are made before its rows and its saves after them,
+//! as the GPU orders them on its stream.
 
 use crate::constraint::TokenMask;
 use crate::model::{Model, ModelError, ModelInfo, StepOutput};
@@ -38,6 +47,33 @@ fn fnv(xs: impl Iterator<Item = u64>) -> u64 {
 
 type Store = Vec<Option<(u32, u32)>>;
 
+/// A fake per-sequence state: (rolling hash, tokens seen).
+type SeqSlot = Option<(u64, usize)>;
+
+/// The per-sequence state of a fresh sequence.
+const STATE0: (u64, usize) = (0x9e37_79b9_7f4a_7c15, 0);
+
+/// The state after `tokens` more tokens.
+fn fold_state(mut st: (u64, usize), tokens: &[u32]) -> (u64, usize) {
+    for &t in tokens {
+        st.0 = (st.0 ^ ((t as u64) << 20 | st.1 as u64)).wrapping_mul(0x100_0000_01b3).rotate_left(7);
+        st.1 += 1;
+    }
+    st
+}
+
+/// A token with the state mixed in.
+fn mix_state(tok: u32, state: (u64, usize), vocab: usize) -> u32 {
+    ((tok as u64 + (state.0 >> 40) % 7) % vocab as u64) as u32
+}
+
+/// The per-sequence state's slots and snapshot slots.
+struct SeqState {
+    slots: Vec<SeqSlot>,
+    snaps: Vec<SeqSlot>,
+    restores: usize,
+}
+
 pub struct FakeModel {
     info: ModelInfo,
     rule: Rule,
@@ -57,12 +93,14 @@ pub struct FakeModel {
     mask_input: bool,
     /// Tokens a constrained row prefers (see the module docs).
     preferred: Vec<u32>,
+    /// The per-sequence state, with its snapshots (see the module docs).
+    seq: Option<SeqState>,
 }
 
 impl FakeModel {
     pub fn new(info: ModelInfo, rule: Rule) -> FakeModel {
         let slots = info.total_pages * info.page_tokens;
-        FakeModel { info, rule, kv: vec![None; slots], host: Vec::new(), draft: None, draft_steps: 0, step_delay: Duration::ZERO, fail_at_step: None, steps: 0, mask_input: true, preferred: Vec::new() }
+        FakeModel { info, rule, kv: vec![None; slots], host: Vec::new(), draft: None, draft_steps: 0, step_delay: Duration::ZERO, fail_at_step: None, steps: 0, mask_input: true, preferred: Vec::new(), seq: None }
     }
 
     /// Adds a draft program proposing `k` tokens per step with `rule` (the model's own rule
@@ -71,6 +109,65 @@ impl FakeModel {
         self.info.draft_k = Some(k);
         self.draft = Some((rule, vec![None; self.kv.len()], Vec::new()));
         self
+    }
+
+    /// Adds a per-sequence state (see the module docs) with `snapshots` snapshot slots (0: the
+    /// model keeps none, so the engine turns the prefix cache off).
+    pub fn with_seq_state(mut self, snapshots: usize) -> FakeModel {
+        self.info.per_seq_state = true;
+        self.seq = Some(SeqState { slots: vec![None; self.info.max_step_seqs], snaps: vec![None; snapshots], restores: 0 });
+        self
+    }
+
+    /// Snapshots restored so far (with a per-sequence state).
+    pub fn snapshot_restores(&self) -> usize {
+        self.seq.as_ref().map_or(0, |s| s.restores)
+    }
+
+    /// What the model with a per-sequence state ([`FakeModel::with_seq_state`]) generates
+    /// greedily after `prompt`, computed without any cache.
+    pub fn reference_with_state(rule: &Rule, vocab: usize, prompt: &[u32], n: usize) -> Vec<u32> {
+        let mut ctx = prompt.to_vec();
+        for _ in 0..n {
+            let t = mix_state(rule(&ctx), fold_state(STATE0, &ctx), vocab);
+            ctx.push(t);
+        }
+        ctx.split_off(prompt.len())
+    }
+
+    /// Advances each real row's per-sequence state over its new tokens, after checking that
+    /// the state it starts from is the uncached one at its position; returns each row's state
+    /// after the step (None without a per-sequence state).
+    fn advance_seq_state(&mut self, st: &Step, ctxs: &[Vec<u32>]) -> Result<Vec<Option<(u64, usize)>>, ModelError> {
+        let Some(seq) = self.seq.as_mut() else { return Ok(vec![None; ctxs.len()]) };
+        let mut out = Vec::with_capacity(ctxs.len());
+        for (r, ctx) in ctxs.iter().enumerate() {
+            let slot = st.seq_slots[r];
+            let (q0, q1) = (st.query_start[r] as usize, st.query_start[r + 1] as usize);
+            if slot < 0 || slot as usize >= seq.slots.len() {
+                return Err(ModelError(format!("row {r}: per-sequence slot {slot} outside the pool of {}", seq.slots.len())));
+            }
+            let start = ctx.len() - (q1 - q0);
+            let before = if start == 0 {
+                STATE0
+            } else {
+                let want = fold_state(STATE0, &ctx[..start]);
+                match seq.slots[slot as usize] {
+                    Some(got) if got == want => got,
+                    got => {
+                        return Err(ModelError(format!(
+                            "per-sequence state corruption: row {r} starts at position {start}, its slot {slot} holds the state after {} tokens{}",
+                            got.map_or(0, |g| g.1),
+                            if got.is_some_and(|g| g.1 == start) { " of another prefix" } else { "" }
+                        )))
+                    }
+                }
+            };
+            let after = fold_state(before, &ctx[start..]);
+            seq.slots[slot as usize] = Some(after);
+            out.push(Some(after));
+        }
+        Ok(out)
     }
 
     /// A model whose steps take no token mask, like a manifest without the `token_mask` input:
@@ -175,6 +272,10 @@ impl Model for FakeModel {
         self.info.page_tokens * if self.draft.is_some() { 16 } else { 8 }
     }
 
+    fn snapshot_slots(&self) -> usize {
+        self.seq.as_ref().map_or(0, |s| s.snaps.len())
+    }
+
     fn init_host_tier(&mut self, slots: usize) -> Result<(), ModelError> {
         self.host = vec![None; slots * self.info.page_tokens];
         if let Some((_, _, dhost)) = self.draft.as_mut() {
@@ -238,7 +339,25 @@ impl Model for FakeModel {
         if st.real_tokens > self.info.max_step_tokens.max(st.tokens) || st.num_seqs > self.info.max_step_seqs {
             return Err(ModelError(format!("step of {} tokens × {} seqs is above the model's maxima", st.tokens, st.num_seqs)));
         }
+        // Snapshots come back before the rows run, and are saved after them.
+        if let Some(seq) = self.seq.as_mut() {
+            for &(snap, slot) in &st.snapshot_restores {
+                let got = seq.snaps.get(snap as usize).copied().ok_or_else(|| ModelError(format!("snapshot slot {snap} outside the pool")))?;
+                let dst = seq.slots.get_mut(slot as usize).ok_or_else(|| ModelError(format!("per-sequence slot {slot} outside the pool")))?;
+                *dst = got;
+                seq.restores += 1;
+            }
+        } else if !st.snapshot_restores.is_empty() || !st.snapshot_saves.is_empty() {
+            return Err(ModelError("this model has no per-sequence state to snapshot".into()));
+        }
         let ctxs = rows_from_store(&mut self.kv, pt, st, "KV")?;
+        let states = self.advance_seq_state(st, &ctxs)?;
+        if let Some(seq) = self.seq.as_mut() {
+            for &(slot, snap) in &st.snapshot_saves {
+                let v = seq.slots.get(slot as usize).copied().ok_or_else(|| ModelError(format!("per-sequence slot {slot} outside the pool")))?;
+                *seq.snaps.get_mut(snap as usize).ok_or_else(|| ModelError(format!("snapshot slot {snap} outside the pool")))? = v;
+            }
+        }
         let mut sampled = Vec::with_capacity(st.real_seqs);
         let mut logits = want_logits.then(Vec::new);
         for (r, ctx) in ctxs.iter().enumerate() {
@@ -250,6 +369,11 @@ impl Model for FakeModel {
                 (h % self.info.vocab as u64) as u32
             } else {
                 greedy
+            };
+            // The per-sequence state takes part in every token.
+            let tok = match states[r] {
+                Some(state) => mix_state(tok, state, self.info.vocab),
+                None => tok,
             };
             // Greedy rows choose without the seed (a greedy choice does not depend on it).
             let seed = if st.temperature[r] > 0.0 { st.seeds[r] } else { 0 };
@@ -306,4 +430,41 @@ fn rows_from_store(store: &mut Store, pt: usize, st: &Step, what: &str) -> Resul
         rows.push(ctx);
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kern_sched::{BlockManager, SamplingParams, Scheduler, SchedulerConfig};
+
+    /// Runs `prompt` to the end on `m` through `s`; the first step's error, if any.
+    fn run(s: &mut Scheduler, m: &mut FakeModel, prompt: &[u32]) -> Result<Vec<u32>, ModelError> {
+        let id = s.add(prompt.to_vec(), SamplingParams { max_tokens: 3, ..Default::default() }).unwrap();
+        let mut out = vec![];
+        while let Some(st) = s.schedule(|t, q, _| (t, q)) {
+            let o = m.step(&st, false)?;
+            out.extend(s.commit(&st, &o.sampled).into_iter().filter(|o| o.id == id).map(|o| o.token));
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn the_per_sequence_state_is_checked_at_every_row() {
+        let mut m = FakeModel::small(1000, 32).with_seq_state(4);
+        let cfg = SchedulerConfig { chunk: 64, max_seqs: 8, max_context: 64, pages_per_seq: 16, spec: None };
+        let p: Vec<u32> = (0..22).collect();
+        // With snapshots: the second run hits and restores, with the uncached tokens.
+        let mut s = Scheduler::new(cfg.clone(), BlockManager::new(32, 4).with_snapshots(4));
+        let want = FakeModel::reference_with_state(&m.rule.clone(), 1000, &p, 3);
+        assert_eq!(run(&mut s, &mut m, &p).unwrap(), want);
+        assert_eq!(run(&mut s, &mut m, &p).unwrap(), want);
+        assert_eq!(m.snapshot_restores(), 1);
+        // The prefix cache without snapshots: the hit starts from a slot that holds another
+        // sequence's state, and the model says so.
+        let mut m = FakeModel::small(1000, 32).with_seq_state(0);
+        let mut s = Scheduler::new(cfg, BlockManager::new(32, 4));
+        run(&mut s, &mut m, &p).unwrap();
+        let e = run(&mut s, &mut m, &p).unwrap_err().to_string();
+        assert!(e.contains("per-sequence state corruption: row 0 starts at position 20"), "{e}");
+    }
 }

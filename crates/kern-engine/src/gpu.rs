@@ -156,6 +156,23 @@ impl Exec {
     fn is_parallel(&self) -> bool {
         matches!(self, Exec::Tp(_))
     }
+
+    /// Queues snapshot copies on the stream (every rank's: each has its own state pools):
+    /// `save` copies `(sequence slot, snapshot slot)`, else `(snapshot slot, sequence slot)`.
+    fn copy_snapshots(&self, pairs: &[(u32, u32)], save: bool) -> kern_runtime::Result<()> {
+        let ranks: &[Runtime] = match self {
+            Exec::One(r) => std::slice::from_ref(r),
+            Exec::Tp(p) => p.ranks(),
+        };
+        for r in ranks {
+            if save {
+                r.save_snapshots(pairs)?;
+            } else {
+                r.restore_snapshots(pairs)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 pub struct GpuModel {
@@ -187,7 +204,15 @@ fn err(what: impl std::fmt::Display) -> ModelError {
 
 impl GpuModel {
     /// Loads `dir` (model.json, kernels, weights). `progress(done, total)` in weight bytes.
-    pub fn load(dir: &Path, opts: &LoadOptions, mut progress: impl FnMut(u64, u64)) -> Result<GpuModel, ModelError> {
+    /// Snapshot slots of per-sequence states (a manifest declaring `snapshot`) are planned by
+    /// default ([`plan::Snapshots::Auto`]).
+    pub fn load(dir: &Path, opts: &LoadOptions, progress: impl FnMut(u64, u64)) -> Result<GpuModel, ModelError> {
+        Self::load_with(dir, opts, plan::Snapshots::Auto, progress)
+    }
+
+    /// [`GpuModel::load`] with `snapshots` snapshot slots of the per-sequence states (a
+    /// manifest whose per-sequence states all declare `snapshot`; ignored otherwise).
+    pub fn load_with(dir: &Path, opts: &LoadOptions, snapshots: plan::Snapshots, mut progress: impl FnMut(u64, u64)) -> Result<GpuModel, ModelError> {
         let t0 = Instant::now();
         let manifest_path: PathBuf = dir.join("model.json");
         if !manifest_path.exists() {
@@ -232,7 +257,7 @@ impl GpuModel {
         let seqs_max = m.step.as_ref().map_or(1, |s| m.vars[s.seqs.0].max as u64);
         let pages_max = m.step.as_ref().map_or(1, |s| m.vars[s.pages.0].max as u64);
         let popts = plan::PlanOptions { budget: Some(budget), reserve: (1u64 << 30).min(budget / 8), max_pages: Some((seqs_max * pages_max * 4).max(1 << 16)) };
-        let p = plan::plan(&m, &popts).map_err(|e| err(format!("{e} ({} has {} free of {})", props.name, human(free as u64), human(total as u64))))?;
+        let p = plan::plan_with(&m, &popts, snapshots).map_err(|e| err(format!("{e} ({} has {} free of {})", props.name, human(free as u64), human(total as u64))))?;
         let (pages, page_tokens) = p
             .states
             .iter()
@@ -269,7 +294,7 @@ impl GpuModel {
                 let c = kern_cuda::Context::new(d).map_err(err)?;
                 let mr = kern_manifest::load(&manifest_path, &kern_manifest::CheckOptions { arch, ..Default::default() })
                     .map_err(|d| err(format!("{d}{} error(s)", d.error_count())))?;
-                let pr = plan::plan(&mr, &popts).map_err(|e| err(format!("GPU {d}: {e}")))?;
+                let pr = plan::plan_with(&mr, &popts, snapshots).map_err(|e| err(format!("GPU {d}: {e}")))?;
                 setups.push(kern_runtime::RankSetup { ctx: c, manifest: mr, plan: pr });
             }
             let id = kern_cuda::nccl::UniqueId::new().map_err(err)?;
@@ -363,6 +388,9 @@ impl GpuModel {
     /// the GPU (the engine computes constrained rows' masks there when it masks on the host).
     fn run_step(&mut self, prog: usize, abi: &StepAbi, st: &Step, want_logits: bool, mask: Option<&TokenMask>, while_running: &mut dyn FnMut()) -> Result<StepOutput, ModelError> {
         self.guard_pending_stores(st)?;
+        // Snapshots of per-sequence states: restored into their sequences' slots before the
+        // program, on its stream (so after every earlier step's saves).
+        self.rt.copy_snapshots(&st.snapshot_restores, false).map_err(err)?;
         self.upload_with(st, abi, mask)?;
         let mut vars = vec![1i64; self.nvars];
         vars[abi.tokens.0] = st.tokens as i64;
@@ -375,6 +403,8 @@ impl GpuModel {
         } else {
             self.rt.enqueue_run(prog, &vars, mode).map_err(err)?;
         }
+        // ... and saved after it, before the next step's program can change the slots.
+        self.rt.copy_snapshots(&st.snapshot_saves, true).map_err(err)?;
         while_running();
         if st.real_seqs == 0 {
             return Ok(StepOutput::default());
@@ -504,6 +534,10 @@ impl Model for GpuModel {
 
     fn page_bytes(&self) -> usize {
         self.pools.iter().map(|p| p.page_bytes).sum()
+    }
+
+    fn snapshot_slots(&self) -> usize {
+        self.rt.first().snapshot_slots() as usize
     }
 
     fn last_gpu_ms(&self) -> Option<f32> {

@@ -34,6 +34,9 @@ pub struct Metrics {
     pub host_hits: Counter,
     pub stored_pages: Counter,
     pub restored_pages: Counter,
+    pub snapshots_saved: Counter,
+    pub snapshots_restored: Counter,
+    pub snapshots_evicted: Counter,
     pub restore_bytes: Counter,
     pub restore_secs: Counter<f64, AtomicU64>,
     pub steps: Counter,
@@ -77,6 +80,9 @@ impl Metrics {
             host_hits: Counter::default(),
             stored_pages: Counter::default(),
             restored_pages: Counter::default(),
+            snapshots_saved: Counter::default(),
+            snapshots_restored: Counter::default(),
+            snapshots_evicted: Counter::default(),
             restore_bytes: Counter::default(),
             restore_secs: Counter::default(),
             steps: Counter::default(),
@@ -111,6 +117,9 @@ impl Metrics {
             r.register("kern:external_prefix_cache_hits", "Prompt tokens found in the host tier (a subset of prefix_cache_hits)", m.host_hits.clone());
             r.register("kern:kv_offload_stored_pages", "KV pages copied to host memory", m.stored_pages.clone());
             r.register("kern:kv_offload_restored_pages", "KV pages copied back from host memory", m.restored_pages.clone());
+            r.register("kern:prefix_cache_snapshots_saved", "Snapshots of per-sequence states kept at page boundaries of cached prefixes", m.snapshots_saved.clone());
+            r.register("kern:prefix_cache_snapshots_restored", "Snapshots of per-sequence states copied into a sequence at a prefix hit", m.snapshots_restored.clone());
+            r.register("kern:prefix_cache_snapshots_evicted", "Snapshots dropped with their page or as least recently used", m.snapshots_evicted.clone());
             r.register("kern:kv_offload_restored_bytes", "Bytes copied back from host memory", m.restore_bytes.clone());
             r.register("kern:kv_offload_restore_seconds", "GPU time of the copies back from host memory", m.restore_secs.clone());
             r.register("kern:spec_decode_num_drafts", "Sequence-steps that verified draft tokens", m.spec_drafts.clone());

@@ -28,7 +28,8 @@ pub struct ModelInfo {
     /// only, and sampled requests are sampled on the host from the logits).
     pub gpu_sampling: bool,
     /// Whether the model declares a per-sequence state (one slot per running sequence, e.g. a
-    /// recurrent state). Its value at a prefix is not kept, so the prefix cache is off.
+    /// recurrent state). The prefix cache then needs snapshots of it
+    /// ([`Model::snapshot_slots`]); without them it is off.
     pub per_seq_state: bool,
     /// Draft tokens per verify step of the model's draft program (the manifest's
     /// `speculative.k`); None when the model declares no draft program.
@@ -68,8 +69,19 @@ pub trait Model {
         (tokens, seqs)
     }
 
-    /// Runs one step; `want_logits` asks for the last-position logits too.
+    /// Runs one step; `want_logits` asks for the last-position logits too. The step's snapshot
+    /// copies are the model's to make, in order: `step.snapshot_restores` (snapshot slot →
+    /// sequence slot) before the program, `step.snapshot_saves` (sequence slot → snapshot slot)
+    /// after it, both ordered with the program (on its stream), so a restore reads a snapshot
+    /// before a save of the same step reuses its slot, and a save copies what the step left.
     fn step(&mut self, step: &Step, want_logits: bool) -> Result<StepOutput, ModelError>;
+
+    /// Snapshot slots of the per-sequence states (their manifest declares `snapshot`, and the
+    /// memory plan gave them memory); 0: the model keeps no snapshots, so a model with a
+    /// per-sequence state runs with the prefix cache off.
+    fn snapshot_slots(&self) -> usize {
+        0
+    }
 
     /// Whether the model applies a [`TokenMask`] before it samples (its manifest binds the step
     /// ABI's `token_mask` and `mask_rows` inputs, and its sampler honours them). Without it the

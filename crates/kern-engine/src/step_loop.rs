@@ -111,14 +111,16 @@ impl<'t> Loop<'t> {
             return fail(format!("warming up the model: {e}"));
         }
         let mi = model.info().clone();
-        if mi.per_seq_state && cfg.prefix_cache {
-            // A per-sequence state at a prefix's end is not snapshotted, so a cached prefix could
-            // not restore it: such models compute every prompt in full.
+        // A per-sequence state at a prefix's end is kept only in snapshots: a model without
+        // snapshot slots computes every prompt in full.
+        let snapshots = if mi.per_seq_state { model.snapshot_slots() } else { 0 };
+        if mi.per_seq_state && snapshots == 0 {
             cfg.prefix_cache = false;
         }
-        if mi.per_seq_state {
-            // Draft rows would each advance the sequence's state.
-            cfg.spec = None;
+        if mi.per_seq_state && cfg.spec.is_some() {
+            // Each draft row would advance the sequence's state, and rejected drafts cannot be
+            // taken back out of it (only pages can be released).
+            return fail("speculative decoding needs every state of the model per token (the tokens a verify step rejects are rolled back by releasing their pages), and this model declares a per-sequence state (a recurrent state, say), which cannot be rolled back: run it without --spec-ngram / --spec-draft".into());
         }
         if let Some(sp) = cfg.spec.as_mut().filter(|sp| sp.drafter == kern_sched::Drafter::Program) {
             let Some(k) = mi.draft_k else {
@@ -131,6 +133,9 @@ impl<'t> Loop<'t> {
         let draft_program = cfg.spec.as_ref().is_some_and(|sp| sp.drafter == kern_sched::Drafter::Program);
         let mut host_slots = 0;
         if cfg.offload_bytes > 0 {
+            if mi.per_seq_state {
+                return fail("KV offload keeps cached pages in host memory, but this model declares a per-sequence state, whose snapshots stay on the GPU: a page restored from the host could never be used (a hit needs the state at its end): drop --offload-gib".into());
+            }
             if !cfg.prefix_cache {
                 return fail("KV offload needs the prefix cache (it keeps cached pages in host memory): drop --no-prefix-cache".into());
             }
@@ -147,7 +152,14 @@ impl<'t> Loop<'t> {
         let chunk = cfg.max_batched_tokens.unwrap_or(mi.max_step_tokens).clamp(1, mi.max_step_tokens.max(1));
         let sched = Scheduler::new(
             SchedulerConfig { chunk, max_seqs, max_context: mi.max_context(), pages_per_seq: mi.pages_per_seq, spec: cfg.spec.clone() },
-            BlockManager::new(mi.total_pages, mi.page_tokens).with_prefix_cache(cfg.prefix_cache).with_host_tier(host_slots),
+            {
+                let blocks = BlockManager::new(mi.total_pages, mi.page_tokens).with_prefix_cache(cfg.prefix_cache).with_host_tier(host_slots);
+                if snapshots > 0 && cfg.prefix_cache {
+                    blocks.with_snapshots(snapshots)
+                } else {
+                    blocks
+                }
+            },
         );
         inner.metrics.kv_total_pages.set(mi.total_pages as i64);
         let copy_gbs = if cfg.record_steps { model.measure_copy_bandwidth() } else { None };

@@ -310,6 +310,58 @@ fn a_model_with_a_per_sequence_state_computes_every_prompt_in_full() {
     }
 }
 
+/// A model with a per-sequence state and snapshots (the fake's rolling hash of every token,
+/// mixed into every output, checked at every row against an uncached run): shared prompts,
+/// a conversation's next turn, preemption (a small pool) and concurrency. Outputs equal the
+/// uncached reference token for token, with the prefix cache on or off, and prefixes are reused.
+#[test]
+fn a_model_with_snapshots_reuses_prefixes_with_identical_outputs() {
+    let rule = hash_rule(VOCAB);
+    let system: Vec<u32> = (0..61).map(|t| 3000 + t).collect();
+    let prompts: Vec<Vec<u32>> = (0..24u32).map(|i| if i % 3 == 0 { system.clone() } else { system.iter().copied().chain((0..i % 7 + 1).map(|t| 5000 + t * 3 + i)).collect() }).collect();
+    let run = |cfg: EngineConfig, pages: usize| {
+        let e = start(FakeModel::new(info(pages, 4, 24), rule.clone()).with_seq_state(6), cfg, false);
+        // One at first (so the cache has something), then all at once.
+        let mut out = vec![collect(e.submit(Request { ignore_eos: true, ..Request::new(prompts[0].clone(), 9) }).unwrap())];
+        let handles: Vec<_> = prompts[1..].iter().map(|p| e.submit(Request { ignore_eos: true, ..Request::new(p.clone(), 9) }).unwrap()).collect();
+        out.extend(handles.into_iter().map(|h| std::thread::spawn(move || collect(h))).collect::<Vec<_>>().into_iter().map(|t| t.join().unwrap()));
+        for (p, c) in prompts.iter().zip(&out) {
+            assert!(matches!(c.end, Event::Finished { .. }), "{:?}", c.end);
+            assert_eq!(c.tokens, FakeModel::reference_with_state(&rule, VOCAB, p, 9), "the uncached run's tokens");
+        }
+        let cached: usize = out.iter().map(|c| match c.end { Event::Finished { cached_tokens, .. } => cached_tokens, _ => 0 }).sum();
+        (cached, e)
+    };
+    let (cached, e) = run(EngineConfig::default(), 256);
+    assert!(cached >= 7 * 60, "the system prompt's 15 pages end in a snapshot: every repeat hits ({cached} tokens cached)");
+    assert!(metric(&e, "kern:prefix_cache_snapshots_restored_total") >= 7.0);
+    assert!(metric(&e, "kern:prefix_cache_snapshots_saved_total") >= 1.0);
+    let (cached, _) = run(EngineConfig { prefix_cache: false, ..Default::default() }, 256);
+    assert_eq!(cached, 0, "--no-prefix-cache");
+    // A pool too small for all: preemption, recompute through the cache, evictions.
+    let (_, e) = run(EngineConfig::default(), 22);
+    assert!(metric(&e, "kern:num_preemptions_total") > 0.0, "the pool was too small: preemption happened");
+    // A conversation's next turn finds the first turn's prompt.
+    let e = start(FakeModel::new(info(256, 4, 64), rule.clone()).with_seq_state(6), EngineConfig::default(), false);
+    let turn1: Vec<u32> = (0..50).map(|t| 700 + t).collect();
+    let c1 = collect(e.submit(Request { ignore_eos: true, ..Request::new(turn1.clone(), 6) }).unwrap());
+    let turn2: Vec<u32> = turn1.iter().chain(&c1.tokens).copied().chain([9, 9, 9]).collect();
+    let c2 = collect(e.submit(Request { ignore_eos: true, ..Request::new(turn2.clone(), 6) }).unwrap());
+    assert_eq!(c2.tokens, FakeModel::reference_with_state(&rule, VOCAB, &turn2, 6));
+    assert!(matches!(c2.end, Event::Finished { cached_tokens: 48, .. }), "turn 1's snapshot at 48: {:?}", c2.end);
+}
+
+#[test]
+fn speculative_decoding_and_offload_are_refused_clearly_for_a_per_sequence_state() {
+    let seq_model = || FakeModel::new(info(64, 8, 64), hash_rule(VOCAB)).with_seq_state(4);
+    let e = Engine::start(EngineConfig { spec: Some(kern_sched::SpecConfig::ngram(3)), ..Default::default() }, None, move || Ok(Box::new(seq_model()) as Box<dyn Model>));
+    let err = e.wait_ready().unwrap_err().to_string();
+    assert!(err.contains("per-sequence state") && err.contains("cannot be rolled back") && err.contains("--spec-ngram"), "{err}");
+    let e = Engine::start(EngineConfig { offload_bytes: 1 << 20, ..Default::default() }, None, move || Ok(Box::new(seq_model()) as Box<dyn Model>));
+    let err = e.wait_ready().unwrap_err().to_string();
+    assert!(err.contains("per-sequence state") && err.contains("--offload-gib"), "{err}");
+}
+
 /// A draft program (the fake's second per-token store, paged like `draft_kv`) proposing for a
 /// batch of requests, greedy and sampled, with preemption (a small pool) and the prefix cache
 /// (shared prompts): the same tokens as without drafts, and the model as its own draft is never
