@@ -175,8 +175,8 @@ struct ChunkSmem {
     float W[GDN_C][D + 4];
     float S[D][BV + 4];
     float V[GDN_C][BV + 4];  // v -> U -> V'
-    float M[GDN_C][GDN_C + 1];
-    float P[GDN_C][GDN_C + 1];
+    float M[GDN_C][GDN_C + 4];  // rows 16-byte aligned (float4 reads in step 3)
+    float P[GDN_C][GDN_C + 4];
     float g[GDN_C], gc[GDN_C], beta[GDN_C];
 };
 
@@ -214,47 +214,71 @@ __device__ __forceinline__ void chunk_impl(bf16* __restrict__ o, const bf16* __r
     for (int c0 = 0; c0 < n; c0 += C) {
         const int Lc = min(C, n - c0);
         __syncthreads();  // S written (load / previous chunk), previous chunk's reads done
-        // 1. load: l2-normalized q (scaled) and k, v slice, gates
-        for (int i = warp; i < C; i += NT / 32) {
-            if (i < Lc) {
-                const size_t t = (size_t)(a + c0 + i);
-                const bf16* row = y + t * ld_y;
-                float qv[D / 32], kv[D / 32], sq = 0.f, sk = 0.f;
+        // 1. load: q, k, the v slice as fp32 (16-byte loads, all issued before any is used), gates;
+        //    then the l2 norms from shared memory (q also scaled by D^-0.5)
+        {
+            constexpr int QV = D / 8, VV = BV / 8, PER = 2 * QV + VV;  // 16-byte vectors per token
+            constexpr int ITEMS = C * PER, ITER = (ITEMS + NT - 1) / NT;
+            uint4 raw[ITER];
 #pragma unroll
-                for (int r = 0; r < D / 32; ++r) {
-                    qv[r] = f(row[qcol + lane + 32 * r]);
-                    kv[r] = f(row[kcol + lane + 32 * r]);
-                    sq = fmaf(qv[r], qv[r], sq);
-                    sk = fmaf(kv[r], kv[r], sk);
+            for (int n = 0; n < ITER; ++n) {
+                const int item = tid + n * NT, i = item / PER, part = item % PER;
+                raw[n] = make_uint4(0u, 0u, 0u, 0u);
+                if (item < ITEMS && i < Lc) {
+                    const bf16* row = y + (size_t)(a + c0 + i) * ld_y;
+                    const int col = part < QV ? qcol + part * 8 : part < 2 * QV ? kcol + (part - QV) * 8 : vcol + (part - 2 * QV) * 8;
+                    raw[n] = *reinterpret_cast<const uint4*>(row + col);
                 }
-                sq = warp_sum(sq);
-                sk = warp_sum(sk);
-                const float rq = rsqrtf(sq + 1e-6f), rk = rsqrtf(sk + 1e-6f);
+            }
+            float gi = 0.f, bi = 0.f;
+            if (tid < C && tid < Lc) {
+                const size_t t = (size_t)(a + c0 + tid);
+                gi = gate_g(f(aa[t * ld_ab + h]), Al, dtb);
+                bi = gate_beta(f(bb[t * ld_ab + h]));
+            }
 #pragma unroll
-                for (int r = 0; r < D / 32; ++r) {
-                    sm.Q[i][lane + 32 * r] = qv[r] * rq * scale;
-                    sm.K[i][lane + 32 * r] = kv[r] * rk;
+            for (int n = 0; n < ITER; ++n) {
+                const int item = tid + n * NT, i = item / PER, part = item % PER;
+                if (item < ITEMS) {
+                    float* dst = part < QV ? &sm.Q[i][part * 8] : part < 2 * QV ? &sm.K[i][(part - QV) * 8] : &sm.V[i][(part - 2 * QV) * 8];
+                    const float2 p0 = unpack2(raw[n].x), p1 = unpack2(raw[n].y), p2 = unpack2(raw[n].z), p3 = unpack2(raw[n].w);
+                    *reinterpret_cast<float4*>(dst) = make_float4(p0.x, p0.y, p1.x, p1.y);
+                    *reinterpret_cast<float4*>(dst + 4) = make_float4(p2.x, p2.y, p3.x, p3.y);
                 }
-#pragma unroll
-                for (int r = 0; r < BV / 32; ++r) sm.V[i][lane + 32 * r] = f(row[vcol + lane + 32 * r]);
-                if (lane == 0) {
-                    sm.g[i] = gate_g(f(aa[t * ld_ab + h]), Al, dtb);
-                    sm.beta[i] = gate_beta(f(bb[t * ld_ab + h]));
-                }
-            } else {
-#pragma unroll
-                for (int r = 0; r < D / 32; ++r) sm.Q[i][lane + 32 * r] = sm.K[i][lane + 32 * r] = 0.f;
-#pragma unroll
-                for (int r = 0; r < BV / 32; ++r) sm.V[i][lane + 32 * r] = 0.f;
-                if (lane == 0) sm.g[i] = sm.beta[i] = 0.f;
+            }
+            if (tid < C) {
+                sm.g[tid] = gi;
+                sm.beta[tid] = bi;
             }
         }
         __syncthreads();
-        if (tid == 0) {  // cumulative gate (sequential, like a scan of 64)
-            float acc = 0.f;
-            for (int i = 0; i < C; ++i) {
-                acc += sm.g[i];
-                sm.gc[i] = acc;
+        if (warp == 0) {  // inclusive scan of g: lane l sums tokens 2l, 2l+1, then a shuffle scan
+            const float g0 = sm.g[2 * lane], g1 = sm.g[2 * lane + 1];
+            float sum = g0 + g1;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const float up = __shfl_up_sync(0xffffffffu, sum, o);
+                if (lane >= o) sum += up;
+            }
+            sm.gc[2 * lane + 1] = sum;
+            sm.gc[2 * lane] = sum - g1;
+        }
+        for (int i = warp; i < C; i += NT / 32) {  // l2 norms (rows past Lc are zeros and stay zeros)
+            float qv[D / 32], kv[D / 32], sq = 0.f, sk = 0.f;
+#pragma unroll
+            for (int r = 0; r < D / 32; ++r) {
+                qv[r] = sm.Q[i][lane + 32 * r];
+                kv[r] = sm.K[i][lane + 32 * r];
+                sq = fmaf(qv[r], qv[r], sq);
+                sk = fmaf(kv[r], kv[r], sk);
+            }
+            sq = warp_sum(sq);
+            sk = warp_sum(sk);
+            const float rq = rsqrtf(sq + 1e-6f), rk = rsqrtf(sk + 1e-6f);
+#pragma unroll
+            for (int r = 0; r < D / 32; ++r) {
+                sm.Q[i][lane + 32 * r] = qv[r] * rq * scale;
+                sm.K[i][lane + 32 * r] = kv[r] * rk;
             }
         }
         __syncthreads();
@@ -294,21 +318,40 @@ __device__ __forceinline__ void chunk_impl(bf16* __restrict__ o, const bf16* __r
                     sm.P[i][j] = p[r][cc] * dec;
                 }
         }
-        // 3. right-hand sides: W = diag(β e^gc) K, U = diag(β) V (each thread its own column below)
+        // 3. W = (I + M)⁻¹ diag(β e^gc) K and U = (I + M)⁻¹ diag(β) V by forward substitution, one
+        //    column per thread (no barrier: a thread reads only its own column and M), in blocks of
+        //    16 rows: the rows before the block as a product with 16 independent sums, then the
+        //    block's own 16-row substitution in registers
         __syncthreads();
         if (tid < D + BV) {
-            // forward substitution down one column: X_i -= sum_{j<i} M[i][j] X_j
             const bool isw = tid < D;
             const int col = isw ? tid : tid - D;
-            for (int i = 0; i < Lc; ++i) {
-                float x = isw ? sm.beta[i] * expf(sm.gc[i]) * sm.K[i][col] : sm.beta[i] * sm.V[i][col];
-                for (int j = 0; j < i; ++j) x = fmaf(-sm.M[i][j], isw ? sm.W[j][col] : sm.V[j][col], x);
-                if (isw) sm.W[i][col] = x;
-                else sm.V[i][col] = x;
-            }
-            for (int i = Lc; i < C; ++i) {
-                if (isw) sm.W[i][col] = 0.f;
-                else sm.V[i][col] = 0.f;
+            float* X = isw ? &sm.W[0][col] : &sm.V[0][col];
+            const int ld = isw ? D + 4 : BV + 4;
+            for (int r0 = 0; r0 < C; r0 += 16) {
+                float acc[16];
+#pragma unroll
+                for (int r = 0; r < 16; ++r) {
+                    const int i = r0 + r;
+                    acc[r] = isw ? sm.beta[i] * expf(sm.gc[i]) * sm.K[i][col] : sm.beta[i] * X[i * ld];
+                }
+                for (int j = 0; j < r0; j += 4) {
+                    const float x0 = X[j * ld], x1 = X[(j + 1) * ld], x2 = X[(j + 2) * ld], x3 = X[(j + 3) * ld];
+#pragma unroll
+                    for (int r = 0; r < 16; ++r) {
+                        const float4 mm = *reinterpret_cast<const float4*>(&sm.M[r0 + r][j]);
+                        acc[r] = fmaf(-mm.x, x0, acc[r]);
+                        acc[r] = fmaf(-mm.y, x1, acc[r]);
+                        acc[r] = fmaf(-mm.z, x2, acc[r]);
+                        acc[r] = fmaf(-mm.w, x3, acc[r]);
+                    }
+                }
+#pragma unroll
+                for (int r = 1; r < 16; ++r)
+#pragma unroll
+                    for (int jj = 0; jj < r; ++jj) acc[r] = fmaf(-sm.M[r0 + r][r0 + jj], acc[jj], acc[r]);
+#pragma unroll
+                for (int r = 0; r < 16; ++r) X[(r0 + r) * ld] = acc[r];
             }
         }
         __syncthreads();

@@ -40,7 +40,15 @@ import time
 
 KW = 4
 D = 128
-CHUNK_SMEM = 187648  # sizeof(ChunkSmem<128, 64>): gdn_chunk_*'s dynamic shared memory (KERNELS.md)
+BV = 64  # value columns per gdn_chunk_* CTA (GDN_BV in gdn.cu; --bv for experiments with other builds)
+
+
+def chunk_smem(bv):
+    """sizeof(ChunkSmem<128, bv>): gdn_chunk_*'s dynamic shared memory (189184 for bv 64; KERNELS.md)."""
+    return 4 * (3 * 64 * (D + 4) + D * (bv + 4) + 64 * (bv + 4) + 2 * 64 * 68 + 3 * 64)
+
+
+CHUNK_SMEM = chunk_smem(BV)
 ENTRIES = ["gdn_conv_f32", "gdn_conv_bf16", "gdn_conv_state_f32", "gdn_conv_state_bf16", "gdn_chunk_f32",
            "gdn_chunk_bf16", "gdn_recurrent_f32", "gdn_recurrent_bf16", "gdn_norm_gated"]
 PEAK_FP32 = 67e12      # H100/H200 SXM fp32 CUDA-core peak (FLOP/s)
@@ -214,7 +222,7 @@ class K:
                 self.p(pos), self.p(slots), self.i(seqs), self.i(ld_y), self.i(ld_ab), self.i(ld_o), self.i(hk), self.i(hv),
                 self.i(layer), self.i(nl))
         if kind == "chunk":
-            self.launch(f"gdn_chunk_{suf}", (seqs, hv, D // 64), 256, args)
+            self.launch(f"gdn_chunk_{suf}", (seqs, hv, D // BV), 256, args)
         else:
             self.launch(f"gdn_recurrent_{suf}", (seqs, hv, 1), 2 * D, args)
 
@@ -430,7 +438,8 @@ class Run:
         Cc = 64
         flop = 2 * nc * hv * (2.5 * Cc * Cc * D + 3 * Cc * D * D)  # KKᵀ, QKᵀ, W, U, PV' (half-triangles) + WS, QS, KᵀV'
         byts = T * (2 * hk * D + hv * D) * 2 + T * hv * D * 2 + 2 * hv * D * D * 4 + T * 2 * hv * 2
-        print(f"\ngdn_chunk_f32, one 8192-token prompt, Hk 16 Hv 32 D 128 (grid 1 x 32 x 2 = 64 CTAs): {us:.0f} us", flush=True)
+        print(f"\ngdn_chunk_f32, one 8192-token prompt, Hk 16 Hv 32 D 128 (grid 1 x 32 x {D // BV} = {32 * D // BV} CTAs): {us:.0f} us",
+              flush=True)
         print(f"  {flop / 1e9:.1f} GFLOP -> {flop / us / 1e6:.2f} TFLOP/s; bounds: fp32 CUDA cores {flop / PEAK_FP32 * 1e6:.0f} us, "
               f"bf16 tensor cores {flop / PEAK_BF16_TC * 1e6:.0f} us, bytes ({byts / 1e6:.0f} MB) {byts / HBM * 1e6:.0f} us", flush=True)
         x = y
@@ -487,7 +496,10 @@ def main():
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--quick", action="store_true", help="prompts up to 300 tokens")
     ap.add_argument("--selftest", action="store_true")
+    ap.add_argument("--bv", type=int, default=64, help="GDN_BV of the build (experiments; the pack's is 64)")
     a = ap.parse_args()
+    global BV, CHUNK_SMEM
+    BV, CHUNK_SMEM = a.bv, chunk_smem(a.bv)
     if a.selftest:
         return selftest()
     import torch
