@@ -203,8 +203,9 @@ struct EpAddRes {
 // output of the op (h, act): a piece of the 64-chunk c is stored to P::out by the CTA
 // c % gridDim.x (each CTA computes all of x; the stores are spread over the grid).
 // P (the piece) supplies the arithmetic: P::column (what every token's piece at k shares),
-// P::load (one token's inputs), P::make (the 8 values), and P::pass_begin (per pass, all
-// threads, after pdl_wait: P's own preparation).
+// P::load (one token's inputs), P::make (the 8 values), P::store (the owning CTA's stores of a
+// piece: the 8 values to P::out, and whatever else the op writes there, e.g. the new residual)
+// and P::pass_begin (per pass, all threads, after pdl_wait: P's own preparation).
 template <class P>
 struct XTile {
   static constexpr int kRow = 4 * kChunk + 32;  // tile row: U <= 4 sub-steps, + 64 bytes (no bank conflicts)
@@ -233,7 +234,7 @@ struct XTile {
             if (tok < M) {
               const uint4 o = kv ? p.make(in[i], col, t0 + i) : make_uint4(0, 0, 0, 0);
               *reinterpret_cast<uint4*>(tile + (t0 + i) * kRow + u * kChunk + j * 8) = o;
-              if (own) *reinterpret_cast<uint4*>(p.out + (long long)tok * K + k) = o;
+              if (own) p.store(tok, k, K, o, in[i], col, t0 + i);
             }
           }
         }
@@ -258,7 +259,9 @@ __device__ __forceinline__ uint4 ldg16(const void* p, bool ok) {
 // chunks v, v + 128, … with rms_acc4), warp_sum, then warp_sum of the 4 warp sums in lanes 0..3
 // (block_sum's order for 128 threads), rms_rstd; the CTA's two halves take the rows t ≡ 0 and
 // 1 (mod 2). A piece is rms_scale4 of the row's 8 fp32 values with the weight's 8 (column).
-struct PieceRms {
+// OFF (gemv_bf16_rms_off): the zero-centred weight of rms_norm_f32_off, rms_scale4_off with `off`.
+template <bool OFF>
+struct PieceRmsT {
   static constexpr int TB = 2;  // 3 or 4 spill (60 / 172 bytes at the 128-register cap)
   struct In { uint4 a, b; };
   typedef uint4 Col;
@@ -267,6 +270,7 @@ struct PieceRms {
   const bf16* __restrict__ nw;     // [K] norm weight
   float eps;
   const float* rstd;               // shared [8]: the pass's rstd per token (pass_begin)
+  float off;                       // OFF: the weight's offset (1: Hugging Face weights)
   __device__ __forceinline__ void pass_begin(int m0, int M, int K) {
     __shared__ float wsum[8][4];
     __shared__ float rs[8];
@@ -313,17 +317,150 @@ struct PieceRms {
   }
   __device__ __forceinline__ uint4 make(const In& in, Col w, int t) const {
     const float r = rstd[t];
-    const uint2 lo = kern::rms_scale4(make_float4(__uint_as_float(in.a.x), __uint_as_float(in.a.y),
-                                                  __uint_as_float(in.a.z), __uint_as_float(in.a.w)), r, make_uint2(w.x, w.y));
-    const uint2 hi = kern::rms_scale4(make_float4(__uint_as_float(in.b.x), __uint_as_float(in.b.y),
-                                                  __uint_as_float(in.b.z), __uint_as_float(in.b.w)), r, make_uint2(w.z, w.w));
+    const float4 a = make_float4(__uint_as_float(in.a.x), __uint_as_float(in.a.y), __uint_as_float(in.a.z), __uint_as_float(in.a.w));
+    const float4 b = make_float4(__uint_as_float(in.b.x), __uint_as_float(in.b.y), __uint_as_float(in.b.z), __uint_as_float(in.b.w));
+    const uint2 lo = OFF ? kern::rms_scale4_off(a, r, make_uint2(w.x, w.y), off) : kern::rms_scale4(a, r, make_uint2(w.x, w.y));
+    const uint2 hi = OFF ? kern::rms_scale4_off(b, r, make_uint2(w.z, w.w), off) : kern::rms_scale4(b, r, make_uint2(w.z, w.w));
     return make_uint4(lo.x, lo.y, hi.x, hi.y);
+  }
+  __device__ __forceinline__ void store(int tok, int k, int K, uint4 o, const In&, Col, int) const {
+    *reinterpret_cast<uint4*>(out + (long long)tok * K + k) = o;
+  }
+};
+typedef PieceRmsT<false> PieceRms;
+
+// Gemma's sandwich norms (gemv_bf16_postnorm_rms; K = hidden): the op's x is
+//   x_out = x_in + bf16(rmsnorm(o)·(off + w_post))   (rms_norm_off of the bf16 projection output o,
+//                                                     added to the fp32 residual as
+//                                                     add_rms_norm_f32_off adds it)
+//   x     = bf16(rmsnorm(x_out)·(off + w_pre))       (add_rms_norm_f32_off's norm)
+// pass_begin computes both rstds of each token row exactly as the two row-wise kernels do, in
+// two rounds over the CTA (the halves take rows t = 0 / 1 mod 2, 128 threads a row, as PieceRms):
+// o's rstd from 16-byte bf16 chunks v, v + 128, … with rms_acc8 (rms_row's vector path), then
+// x_out's from float4 chunks v, v + 128, … — x_out recomputed from x_in, o and w_post with
+// postnorm_add4 — with rms_acc4 (rms_row_f32's); each sum then warp_sum, and warp_sum of the 4 warp
+// sums in lanes 0..3, and rms_rstd. A piece is postnorm_add4 then rms_scale4_off of its 8 values;
+// the owning CTA also stores its 8 values of x_out (store). Every CTA reads x_in while the owners
+// write x_out, so x_out must not be x_in (the fused program ping-pongs the residual between two
+// buffers). Needs K % 8 == 0 (gemv_bf16 does too), so both row-wise kernels take their vector path.
+struct PiecePostRms {
+  static constexpr int TB = 1;  // 2 spilled (180 bytes at the 128-register cap)
+  struct In { uint4 a, b, o; };      // x_in's 8 floats, o's 8 bf16
+  struct Col { uint4 wp, wn; };      // w_post's and w_pre's 8 bf16
+  bf16* __restrict__ out;            // [M, K] the normalized rows (h)
+  float* x_out;                      // [M, K] the new fp32 residual rows
+  const float* __restrict__ x_in;    // [M, K] the fp32 residual rows
+  const bf16* __restrict__ o;        // [M, K] the projection's output (bf16)
+  const bf16* __restrict__ wpost;    // [K] the post-norm's weight
+  const bf16* __restrict__ wpre;     // [K] the pre-norm's weight
+  float eps, off;
+  const float* ro;                   // shared [8]: the pass's rstd of o per token (pass_begin)
+  const float* rx;                   // shared [8]: the pass's rstd of x_out per token
+  __device__ __forceinline__ void pass_begin(int m0, int M, int K) {
+    __shared__ float wsum[8][4];
+    __shared__ float rs_o[8], rs_x[8];
+    const int tid = threadIdx.x, half = tid >> 7, vt = tid & 127, lane = tid & 31, t = tid >> 5;
+    bool ok[4];
+    long long rowoff[4];
+    float ss[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      ok[j] = m0 + 2 * j + half < M;
+      rowoff[j] = (long long)(ok[j] ? m0 + 2 * j + half : 0) * K;
+      ss[j] = 0.f;
+    }
+    // Round 1: o's sums of squares (bf16 chunks of 8).
+    for (int c = vt; c < (K >> 3); c += 128) {
+      uint4 v[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = ok[j] ? __ldg(reinterpret_cast<const uint4*>(o + rowoff[j]) + c) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) ss[j] = kern::rms_acc8(ss[j], v[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (ok[j]) {  // warp-uniform
+        const float s = kern::warp_sum(ss[j]);
+        if (lane == 0) wsum[2 * j + half][vt >> 5] = s;
+      }
+    }
+    __syncthreads();
+    if (m0 + t < M) {
+      const float v = kern::warp_sum(lane < 4 ? wsum[t][lane] : 0.f);
+      if (lane == 0) rs_o[t] = kern::rms_rstd(v, K, eps);
+    }
+    __syncthreads();
+    // Round 2: x_out's sums of squares (fp32 chunks of 4).
+    float r[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      r[j] = ok[j] ? rs_o[2 * j + half] : 0.f;
+      ss[j] = 0.f;
+    }
+    for (int c = vt; c < (K >> 2); c += 128) {
+      const uint2 wp = __ldg(reinterpret_cast<const uint2*>(wpost) + c);
+      float4 xv[4];
+      uint2 ov[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        xv[j] = ok[j] ? __ldg(reinterpret_cast<const float4*>(x_in + rowoff[j]) + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        ov[j] = ok[j] ? __ldg(reinterpret_cast<const uint2*>(o + rowoff[j]) + c) : make_uint2(0u, 0u);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) ss[j] = kern::rms_acc4(ss[j], kern::postnorm_add4(xv[j], ov[j], r[j], wp, off));
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (ok[j]) {
+        const float s = kern::warp_sum(ss[j]);
+        if (lane == 0) wsum[2 * j + half][vt >> 5] = s;
+      }
+    }
+    __syncthreads();
+    if (m0 + t < M) {
+      const float v = kern::warp_sum(lane < 4 ? wsum[t][lane] : 0.f);
+      if (lane == 0) rs_x[t] = kern::rms_rstd(v, K, eps);
+    }
+    __syncthreads();
+    ro = rs_o;
+    rx = rs_x;
+  }
+  __device__ __forceinline__ Col column(int k, bool ok) const { return Col{ldg16(wpost + k, ok), ldg16(wpre + k, ok)}; }
+  __device__ __forceinline__ In load(int tok, int k, int K, bool ok) const {
+    const float* p = x_in + (long long)tok * K + k;
+    return In{ldg16(p, ok), ldg16(p + 4, ok), ldg16(o + (long long)tok * K + k, ok)};
+  }
+  // x_out's 8 values of the piece (postnorm_add4 of its two halves).
+  __device__ __forceinline__ void residual(const In& in, const Col& w, int t, float4& lo, float4& hi) const {
+    const float r = ro[t];
+    lo = kern::postnorm_add4(make_float4(__uint_as_float(in.a.x), __uint_as_float(in.a.y), __uint_as_float(in.a.z), __uint_as_float(in.a.w)),
+                             make_uint2(in.o.x, in.o.y), r, make_uint2(w.wp.x, w.wp.y), off);
+    hi = kern::postnorm_add4(make_float4(__uint_as_float(in.b.x), __uint_as_float(in.b.y), __uint_as_float(in.b.z), __uint_as_float(in.b.w)),
+                             make_uint2(in.o.z, in.o.w), r, make_uint2(w.wp.z, w.wp.w), off);
+  }
+  __device__ __forceinline__ uint4 make(const In& in, Col w, int t) const {
+    float4 lo, hi;
+    residual(in, w, t, lo, hi);
+    const float r = rx[t];
+    const uint2 a = kern::rms_scale4_off(lo, r, make_uint2(w.wn.x, w.wn.y), off);
+    const uint2 b = kern::rms_scale4_off(hi, r, make_uint2(w.wn.z, w.wn.w), off);
+    return make_uint4(a.x, a.y, b.x, b.y);
+  }
+  __device__ __forceinline__ void store(int tok, int k, int K, uint4 h, const In& in, Col w, int t) const {
+    *reinterpret_cast<uint4*>(out + (long long)tok * K + k) = h;
+    float4 lo, hi;
+    residual(in, w, t, lo, hi);
+    float4* x = reinterpret_cast<float4*>(x_out + (long long)tok * K + k);
+    x[0] = lo;
+    x[1] = hi;
   }
 };
 
 // x = swiglu(gate_up) (gemv_bf16_swiglu_add; gate_up [M, 2K] = [gate | up]): bf16(silu_bf16(gate)
-// · up), rowwise.cu's swiglu (swiglu2).
-struct PieceSwiglu {
+// · up), rowwise.cu's swiglu (swiglu2); GELU (gemv_bf16_geglu(_add)): bf16(gelu_tanh_bf16(gate) ·
+// up), rowwise.cu's geglu_tanh (geglu2).
+template <bool GELU>
+struct PieceGlu {
   static constexpr int TB = 2;  // SiLU's arithmetic dominates the group's time
   struct In { uint4 g, u; };
   struct Col {};
@@ -336,10 +473,18 @@ struct PieceSwiglu {
     return In{ldg16(p, ok), ldg16(p + K, ok)};
   }
   __device__ __forceinline__ uint4 make(const In& in, Col, int) const {
+    if (GELU)
+      return make_uint4(kern::geglu2(in.g.x, in.u.x), kern::geglu2(in.g.y, in.u.y), kern::geglu2(in.g.z, in.u.z),
+                        kern::geglu2(in.g.w, in.u.w));
     return make_uint4(kern::swiglu2(in.g.x, in.u.x), kern::swiglu2(in.g.y, in.u.y), kern::swiglu2(in.g.z, in.u.z),
                       kern::swiglu2(in.g.w, in.u.w));
   }
+  __device__ __forceinline__ void store(int tok, int k, int K, uint4 o, const In&, Col, int) const {
+    *reinterpret_cast<uint4*>(out + (long long)tok * K + k) = o;
+  }
 };
+typedef PieceGlu<false> PieceSwiglu;
+typedef PieceGlu<true> PieceGeglu;
 
 // XS: the x operand policy (XLoad: x from memory); EP: the epilogue (EpStore: y = v).
 template <int WARPS, int C, int MT, int U, bool PREFETCH, typename OutT, class XS, class EP>
@@ -533,4 +678,51 @@ extern "C" __global__ void __launch_bounds__(256, 2)
   __shared__ __align__(16) bf16 tile[8][8 * XTile<PieceSwiglu>::kRow];  // one [8][kRow] tile per warp
   skinny_gemm<8, 1, 1, 4, false, bf16>(XTile<PieceSwiglu>{PieceSwiglu{act, gate_up}, tile[threadIdx.x >> 5]}, W, bias,
                                        y, M, N, K, EpStore{});
+}
+
+// ---- The fused GEMVs of blocks with zero-centred (off + w) norms, four norms per block
+// (sandwich: Gemma 3) and GeGLU-tanh MLPs (GEMM.md, "Fused decode GEMVs"; same CTA, reduction
+// and rules as above):
+//   gemv_bf16_rms_off:       x = rms_norm_f32_off(res)·(off + norm_w), also written to h.
+//   gemv_bf16_postnorm_rms:  x_out = x_in + rms_norm_off(o)·(off + w_post) (fp32, written by the
+//                            CTAs owning each piece; x_out != x_in), x = rmsnorm(x_out)·(off + w_pre),
+//                            also written to h: rms_norm_off then add_rms_norm_f32_off, then the GEMV.
+//                            (gemv_bf16_postnorm_rms_pf: plus the L2 prefetch of W; experimental.)
+//   gemv_bf16_geglu_add:     x = geglu_tanh(gate_up), also written to act; y, res as gemv_bf16_add.
+//   gemv_bf16_geglu:         x as gemv_bf16_geglu_add; y as gemv_bf16 (a sandwich block's down
+//                            projection: its post-norm comes before the residual add).
+extern "C" __global__ void __launch_bounds__(256, 2)
+    gemv_bf16_rms_off(const float* res, const __nv_bfloat16* norm_w, __nv_bfloat16* h, const __nv_bfloat16* W,
+                      const __nv_bfloat16* bias, __nv_bfloat16* y, int M, int N, int K, float eps, float off) {
+  __shared__ __align__(16) bf16 tile[8][8 * XTile<PieceRmsT<true>>::kRow];  // one [8][kRow] tile per warp
+  skinny_gemm<8, 1, 1, 4, false, bf16>(
+      XTile<PieceRmsT<true>>{PieceRmsT<true>{h, res, norm_w, eps, nullptr, off}, tile[threadIdx.x >> 5]}, W, bias, y, M, N,
+      K, EpStore{});
+}
+#define KGEMM_GEMV_POSTNORM_RMS(NAME, PF)                                                                       \
+  extern "C" __global__ void __launch_bounds__(256, 2)                                                        \
+      NAME(const float* x_in, const __nv_bfloat16* o, const __nv_bfloat16* w_post, float* x_out,               \
+           const __nv_bfloat16* w_pre, __nv_bfloat16* h, const __nv_bfloat16* W, const __nv_bfloat16* bias,      \
+           __nv_bfloat16* y, int M, int N, int K, float eps, float off) {                                      \
+    __shared__ __align__(16) bf16 tile[8][8 * XTile<PiecePostRms>::kRow]; /* one [8][kRow] tile per warp */    \
+    skinny_gemm<8, 1, 1, 4, PF, bf16>(                                                                         \
+        XTile<PiecePostRms>{PiecePostRms{h, x_out, x_in, o, w_post, w_pre, eps, off, nullptr, nullptr},         \
+                            tile[threadIdx.x >> 5]},                                                           \
+        W, bias, y, M, N, K, EpStore{});                                                                       \
+  }
+KGEMM_GEMV_POSTNORM_RMS(gemv_bf16_postnorm_rms, false)
+KGEMM_GEMV_POSTNORM_RMS(gemv_bf16_postnorm_rms_pf, true)  // experimental, timed by fused_verify.py
+extern "C" __global__ void __launch_bounds__(256, 2)
+    gemv_bf16_geglu_add(const __nv_bfloat16* gate_up, __nv_bfloat16* act, const __nv_bfloat16* W,
+                        const __nv_bfloat16* bias, __nv_bfloat16* y, float* res, int M, int N, int K) {
+  __shared__ __align__(16) bf16 tile[8][8 * XTile<PieceGeglu>::kRow];  // one [8][kRow] tile per warp
+  skinny_gemm<8, 1, 1, 4, false, bf16>(XTile<PieceGeglu>{PieceGeglu{act, gate_up}, tile[threadIdx.x >> 5]}, W, bias, y,
+                                       M, N, K, EpAddRes{res});
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+    gemv_bf16_geglu(const __nv_bfloat16* gate_up, __nv_bfloat16* act, const __nv_bfloat16* W,
+                    const __nv_bfloat16* bias, __nv_bfloat16* y, int M, int N, int K) {
+  __shared__ __align__(16) bf16 tile[8][8 * XTile<PieceGeglu>::kRow];  // one [8][kRow] tile per warp
+  skinny_gemm<8, 1, 1, 4, false, bf16>(XTile<PieceGeglu>{PieceGeglu{act, gate_up}, tile[threadIdx.x >> 5]}, W, bias, y,
+                                       M, N, K, EpStore{});
 }

@@ -86,12 +86,7 @@ __device__ __forceinline__ void rms_row(bf16* __restrict__ out, bf16* __restrict
                     v = s;
                 }
                 cache[i] = v;
-                const uint32_t* vw = reinterpret_cast<const uint32_t*>(&v);
-#pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    float2 a = unpack2(vw[k]);
-                    ss += a.x * a.x + a.y * a.y;
-                }
+                ss = rms_acc8(ss, v);  // rowwise_math.cuh (shared with gemv_bf16_postnorm_rms)
             }
         }
         // Rows longer than ROW_THREADS * ROW_CACHE * 8 elements: the rest is re-read in pass 2
@@ -112,15 +107,10 @@ __device__ __forceinline__ void rms_row(bf16* __restrict__ out, bf16* __restrict
                 reinterpret_cast<uint4*>(res)[c] = s;
                 v = s;
             }
-            const uint32_t* vw = reinterpret_cast<const uint32_t*>(&v);
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                float2 a = unpack2(vw[k]);
-                ss += a.x * a.x + a.y * a.y;
-            }
+            ss = rms_acc8(ss, v);
         }
         ss = block_sum(ss, scratch);
-        const float r = rsqrtf(ss * (1.0f / (float)hidden) + eps);
+        const float r = rms_rstd(ss, hidden, eps);
 #pragma unroll
         for (int i = 0; i < ROW_CACHE; ++i) {
             const int c = tid + i * ROW_THREADS;
@@ -404,6 +394,80 @@ add_rms_norm_f32_off(bf16* __restrict__ out, float* __restrict__ residual, const
     if (t >= n) return;
     rms_row_f32<true, true>(out + (size_t)t * hidden, residual + (size_t)t * hidden, nullptr,
                             x + (size_t)t * hidden, w, hidden, eps, off);
+}
+
+// ----------------------------------------------------------------------------- sandwich norms
+// Gemma 3's post-norm, residual add and the next pre-norm of a block with four norms, in one
+// launch (the fused decode program's steps above 8 tokens, kern_packs::fused): per row t
+//   o_n      = bf16(rmsnorm(o[t]) · (off + w_post))        rms_norm_off of the bf16 row o[t]
+//   x_out[t] = x_in[t] + float(o_n)                        fp32
+//   out[t]   = bf16(rmsnorm(x_out[t]) · (off + w_pre))     add_rms_norm_f32_off's norm
+// Bit-identical to rms_norm_off(o_n, o, w_post) then add_rms_norm_f32_off(out, x, o_n, w_pre)
+// with x_in = x before and x_out = x after: each half takes its kernel's vector path exactly when
+// that kernel would (the bf16 half for hidden % 8 == 0, the fp32 half for hidden % 4 == 0; every
+// pointer aligned, as the manifest's buffers are) with the same arithmetic (rowwise_math.cuh:
+// rms_acc8, rms_rstd, postnorm_add4, rms_acc4, rms_scale4_off), its scalar path otherwise. x_out
+// may be x_in (in place: a thread reads x_in only at the elements it then writes) or another
+// buffer (the fused program ping-pongs the residual, as gemv_bf16_postnorm_rms needs it).
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+postnorm_add_rms_norm_f32_off(bf16* __restrict__ out, float* x_out, const float* x_in, const bf16* __restrict__ o,
+                              const bf16* __restrict__ w_post, const bf16* __restrict__ w_pre, int n, int hidden,
+                              float eps, float off) {
+    KERN_PDL_WAIT();
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    __shared__ float scratch[32];
+    const int tid = threadIdx.x;
+    const size_t row = (size_t)t * hidden;
+    o += row;
+    x_in += row;
+    x_out += row;
+    out += row;
+    // 1. rstd of the bf16 row o, as rms_row<false, true> (rms_norm_off) sums it.
+    float ss = 0.f;
+    if ((hidden & 7) == 0 && aligned16(o) && aligned16(w_post)) {
+        const int nc = hidden >> 3;
+        for (int c = tid; c < nc; c += ROW_THREADS) ss = rms_acc8(ss, reinterpret_cast<const uint4*>(o)[c]);
+        ss = block_sum(ss, scratch);
+    } else {
+        for (int i = tid; i < hidden; i += ROW_THREADS) {
+            const float v = f(o[i]);
+            ss += v * v;
+        }
+        ss = block_sum(ss, scratch);
+    }
+    // (rms_row's vector path: rms_rstd; its scalar path writes the same expression out, and nvcc
+    // contracts both to rcp.rn, fma.rn, rsqrt.)
+    const float ro = (hidden & 7) == 0 && aligned16(o) && aligned16(w_post) ? rms_rstd(ss, hidden, eps)
+                                                                            : rsqrtf(ss * (1.0f / (float)hidden) + eps);
+    // 2. x_out = x_in + o_n and its rstd, as rms_row_f32<true, true> (add_rms_norm_f32_off); 3. out.
+    ss = 0.f;
+    if ((hidden & 3) == 0 && aligned16(x_in) && aligned16(x_out) && aligned8(o) && aligned8(w_post) && aligned8(w_pre) &&
+        aligned8(out)) {
+        const int nc = hidden >> 2;
+        for (int c = tid; c < nc; c += ROW_THREADS) {
+            const float4 v = postnorm_add4(reinterpret_cast<const float4*>(x_in)[c], reinterpret_cast<const uint2*>(o)[c], ro,
+                                           __ldg(reinterpret_cast<const uint2*>(w_post) + c), off);
+            reinterpret_cast<float4*>(x_out)[c] = v;
+            ss = rms_acc4(ss, v);
+        }
+        ss = block_sum(ss, scratch);
+        const float r = rms_rstd(ss, hidden, eps);
+        for (int c = tid; c < nc; c += ROW_THREADS) {
+            const float4 v = reinterpret_cast<const float4*>(x_out)[c];
+            const uint2 wv = __ldg(reinterpret_cast<const uint2*>(w_pre) + c);
+            reinterpret_cast<uint2*>(out)[c] = rms_scale4_off(v, r, wv, off);
+        }
+    } else {
+        for (int i = tid; i < hidden; i += ROW_THREADS) {
+            const float v = x_in[i] + rb((f(o[i]) * ro) * (off + f(w_post[i])));
+            x_out[i] = v;
+            ss += v * v;
+        }
+        ss = block_sum(ss, scratch);
+        const float r = rsqrtf(ss * (1.0f / (float)hidden) + eps);
+        for (int i = tid; i < hidden; i += ROW_THREADS) out[i] = b((x_out[i] * r) * (off + f(w_pre[i])));
+    }
 }
 
 // out[s, :] = x[last_token[s], :] (fp32 rows); an index outside [0, tokens) gives zeros.

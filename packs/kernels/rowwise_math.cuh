@@ -1,7 +1,8 @@
-// The arithmetic of rowwise.cu's fp32-residual RMSNorm (rms_norm_f32 / add_rms_norm_f32, vector
-// path) and of its SwiGLU, as device functions shared with the fused GEMVs of gemm_skinny.cu
-// (gemv_bf16_rms, gemv_bf16_swiglu_add: GEMM.md, "Fused decode GEMVs"), which must produce the
-// same bits. Not a kernel file: included by rowwise.cu and gemm_skinny.cu.
+// The arithmetic of rowwise.cu's RMSNorms (the fp32-residual rms_norm_f32 / add_rms_norm_f32 and
+// their _off forms, vector path; the bf16 rows' sum of squares), its Gemma sandwich-norm update and
+// its SwiGLU / GeGLU, as device functions shared with the fused GEMVs of gemm_skinny.cu
+// (gemv_bf16_rms(_off), gemv_bf16_postnorm_rms, gemv_bf16_swiglu_add, gemv_bf16_geglu(_add):
+// GEMM.md, "Fused decode GEMVs"), which must produce the same bits. Not a kernel file: included by rowwise.cu and gemm_skinny.cu.
 //
 // Where a compiler could contract a multiply and an add differently at two call sites, the
 // order is written out (__fmaf_rn: PTX fma.rn, never split or re-fused) as nvcc 13.0.88 had
@@ -24,6 +25,21 @@ namespace kern {
 // (common.cuh): warp_sum per warp, then warp_sum of the 4 warp sums (lanes 0..3, zeros above).
 __device__ __forceinline__ float rms_acc4(float ss, float4 v) {
     return ss + __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.x, v.x, v.y * v.y)));
+}
+
+// One 8-value bf16 chunk (16 bytes) of a row added to a thread's sum of squares, as rms_row's
+// vector path (the bf16 rows of rms_norm / rms_norm_off / add_rms_norm*) adds it: for each pair
+// (x, y) of the chunk in order, ss + fma(x, x, y·y) — the contraction nvcc 13.0.88 had chosen for
+// `ss += a.x * a.x + a.y * a.y` (PTX: mul.f32, fma.rn.f32, add.f32), written out so the fused
+// GEMVs' post-norm prologue (gemv_bf16_postnorm_rms) gets the same sum.
+__device__ __forceinline__ float rms_acc8(float ss, uint4 v) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const float2 a = unpack2(w[k]);
+        ss = ss + __fmaf_rn(a.x, a.x, a.y * a.y);
+    }
+    return ss;
 }
 
 // rstd of a row from its sum of squares: rsqrt(ss · (1 / hidden) + eps), the multiply-add fused.
@@ -53,6 +69,22 @@ __device__ __forceinline__ uint2 rms_scale4_off(float4 v, float r, uint2 w4, flo
     return o;
 }
 
+// Gemma's sandwich-norm residual update for four values (postnorm_add_rms_norm_f32_off and the
+// prologue of gemv_bf16_postnorm_rms): the post-norm of the bf16 projection output o with its rstd
+// r_o, rounded to bf16 as rms_norm_off writes it, bf16((o · r_o) · (off + w_post)), then added to
+// the fp32 residual as add_rms_norm_f32_off adds its bf16 input: x_in + float(that).
+__device__ __forceinline__ float4 postnorm_add4(float4 x, uint2 o4, float r, uint2 w4, float off) {
+    const float2 o0 = unpack2(o4.x), o1 = unpack2(o4.y);
+    const float2 g0 = unpack2(w4.x), g1 = unpack2(w4.y);
+    const float2 n0 = unpack2(pack2((o0.x * r) * (off + g0.x), (o0.y * r) * (off + g0.y)));
+    const float2 n1 = unpack2(pack2((o1.x * r) * (off + g1.x), (o1.y * r) * (off + g1.y)));
+    x.x += n0.x;
+    x.y += n0.y;
+    x.z += n1.x;
+    x.w += n1.y;
+    return x;
+}
+
 // ----------------------------------------------------------------------------- GeGLU (tanh)
 // F.gelu(x, approximate="tanh") on a bf16 value, as PyTorch's CUDA kernel computes it in fp32
 // (GeluCUDAKernelImpl: kBeta = sqrt(2) * 2/sqrt(pi) * 0.5, kKappa = 0.044715,
@@ -63,6 +95,13 @@ __device__ __forceinline__ float gelu_tanh_bf16(float x) {
     const float x_cube = x * x * x;
     const float inner = kBeta * (x + kKappa * x_cube);
     return rb(0.5f * x * (1.0f + tanhf(inner)));
+}
+
+// Two GeGLU outputs packed as bf16: bf16(gelu_tanh_bf16(gate) · up) (rowwise.cu's geglu_tanh
+// per value; the fused down GEMVs gemv_bf16_geglu(_add) of gemm_skinny.cu).
+__device__ __forceinline__ uint32_t geglu2(uint32_t gate2, uint32_t up2) {
+    const float2 a = unpack2(gate2), u = unpack2(up2);
+    return pack2(__fmul_rn(gelu_tanh_bf16(a.x), u.x), __fmul_rn(gelu_tanh_bf16(a.y), u.y));
 }
 
 // ----------------------------------------------------------------------------- SwiGLU
