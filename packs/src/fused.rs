@@ -19,6 +19,33 @@
 //! (w′, W′, b′: the next layer's input norm and QKV.) So steps above 8 tokens launch exactly the
 //! unfused program's kernels. The GEMMs of more than 8 rows are `gemm_launches`' (without its
 //! GEMV launch), whatever it picks for each range.
+//!
+//! What the block's Config says picks the entries, never a family name: zero-centred `(off + w)`
+//! norms ([`Sizes::norm_off`]) run the `_off` forms (`gemv_bf16_rms_off`, `rms_norm_f32_off`,
+//! `add_rms_norm_f32_off`), a GeGLU-tanh MLP ([`Sizes::gelu`]) the `geglu` ones
+//! (`gemv_bf16_geglu(_add)`, `geglu_tanh`; the last layer's op is then `geglu_down_proj`).
+//!
+//! **Sandwich norms** ([`Sizes::sandwich`], Gemma 3: h = x + post_attention_norm(o_proj(attn)),
+//! the MLP reads pre_feedforward_norm(h), x = h + post_feedforward_norm(mlp)): the post-norm
+//! needs the whole row of its projection's output before the residual add, so the O and down
+//! GEMVs keep their plain epilogues and the post-norm, the add and the next pre-norm move into
+//! the following GEMV's prologue (`gemv_bf16_postnorm_rms`). Every CTA of that GEMV reads the
+//! residual while the CTAs owning each piece write the new one, so the new residual goes to
+//! another buffer: the program ping-pongs it between `x` and `x2` (x → x2 in the attention half,
+//! x2 → x in the MLP half; the last layer's residual stays in `x2`, where the final norm's
+//! gather reads it). Per layer:
+//!
+//! | op | computes | ≤ 8 tokens | > 8 tokens |
+//! |---|---|---|---|
+//! | `o_proj` (the unfused op) | o = attn·Woᵀ | `gemv_bf16` | GEMM |
+//! | `postnorm_gate_up_proj` | x_out = x_in + post(o); h = pre(x_out); gate_up = h·Wguᵀ | `gemv_bf16_postnorm_rms` | `postnorm_add_rms_norm_f32_off`, GEMM |
+//! | `geglu_down_proj` | act = geglu(gate_up); mlp = act·Wdᵀ | `gemv_bf16_geglu` | `geglu_tanh`, GEMM |
+//! | `postnorm_qkv_proj` | x_out = x_in + post_ff(mlp); h = in′(x_out); qkv = h·W′ᵀ (+b′) | `gemv_bf16_postnorm_rms` | `postnorm_add_rms_norm_f32_off`, GEMM |
+//!
+//! (the last layer: `geglu_down_proj`, then the unfused `post_norm` of mlp). The unfused
+//! program's post_norm → add_rms_norm pair is rowwise.cu's `rms_norm_off` → `add_rms_norm_f32_off`;
+//! `postnorm_add_rms_norm_f32_off` and `gemv_bf16_postnorm_rms` give their bits (the
+//! intermediate o_norm / mlp_norm of a non-last layer is not written).
 
 use serde_json::{json, Map, Value};
 
@@ -45,6 +72,13 @@ pub(crate) struct Sizes {
     pub eps: f64,
     /// The `tokens` var's maximum.
     pub max_tokens: u64,
+    /// Zero-centred norms: `Some(off)` for `bf16((x̂ · r) · (off + w))` (NormKind::Offset), `None`
+    /// for `w · bf16(x̂)`.
+    pub norm_off: Option<f32>,
+    /// A GeGLU-tanh MLP (else SwiGLU).
+    pub gelu: bool,
+    /// Four norms per block (the sandwich ops; needs `norm_off`).
+    pub sandwich: bool,
 }
 
 /// 1 when 1 <= tokens <= FUSED_MAX_TOKENS, else 0 (grid factor of the fused launches).
@@ -101,7 +135,33 @@ const RMS_NORM_F32: [&str; 6] = ["out buffer<bf16>", "in buffer<f32>", "in buffe
 const ADD_RMS_NORM_F32: [&str; 7] = ["out buffer<bf16>", "inout buffer<f32>", "in buffer<bf16>", "in buffer<bf16>", "i32", "i32", "f32"];
 const SWIGLU_ROW: [&str; 4] = ["out buffer<bf16>", "in buffer<bf16>", "i32", "i32"];
 
-/// The fused program's ops (table above). `gemm(n, k)`: `gemm_launches` for `y[tokens, n] =
+/// The sandwich prologue GEMV the ops launch (gemv_bf16_postnorm_rms_pf: the same bits plus the
+/// L2 prefetch of the CTA's weight rows before its two-round norm prologue; timed by
+/// fused_verify.py).
+pub const POSTNORM_ENTRY: &str = "gemv_bf16_postnorm_rms";
+
+const POSTNORM: [&str; 14] = [
+    "in buffer<f32>", "in buffer<bf16>", "in buffer<bf16>", "out buffer<f32>", "in buffer<bf16>", "out buffer<bf16>", "in buffer<bf16>", "ptr",
+    "out buffer<bf16>", "i32", "i32", "i32", "f32", "f32",
+];
+const POSTNORM_ROW: [&str; 10] =
+    ["out buffer<bf16>", "out buffer<f32>", "in buffer<f32>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "i32", "i32", "f32", "f32"];
+
+/// A launch's params and args with the norm's offset appended (the `_off` entries' last
+/// parameter), or unchanged for `w · bf16(x̂)` norms.
+fn with_off(entry: &str, params: &[&str], mut args: Vec<Value>, off: Option<f32>) -> (String, Vec<String>, Vec<Value>) {
+    let mut ps: Vec<String> = params.iter().map(|x| x.to_string()).collect();
+    match off {
+        None => (entry.to_string(), ps, args),
+        Some(off) => {
+            ps.push("f32".into());
+            args.push(json!({"f32": off}));
+            (format!("{entry}_off"), ps, args)
+        }
+    }
+}
+
+/// The fused program's ops (tables above). `gemm(n, k)`: `gemm_launches` for `y[tokens, n] =
 /// x[tokens, k]·Wᵀ` (bf16 out), whose GEMV launch is dropped here.
 pub(crate) fn ops(s: &Sizes, gemm_launches: impl Fn(u64, u64) -> Vec<Value>) -> Map<String, Value> {
     let large_steps = s.max_tokens > FUSED_MAX_TOKENS;
@@ -110,15 +170,32 @@ pub(crate) fn ops(s: &Sizes, gemm_launches: impl Fn(u64, u64) -> Vec<Value>) -> 
     let when_large = |ls: Vec<Value>| if large_steps { ls } else { vec![] };
     let (h, i, eps) = (s.h, s.i, s.eps);
     let rms = |res: usize, w: usize, out: usize, wt: usize, bias: Value, y: usize, m: usize, n: u64| {
-        gemv(RMS_ENTRY, &RMS, n, vec![p(res), p(w), p(out), p(wt), bias, p(y), p(m), json!({"i32": n}), json!({"i32": h}), json!({"f32": eps})])
+        let (entry, params, args) = with_off(RMS_ENTRY, &RMS, vec![p(res), p(w), p(out), p(wt), bias, p(y), p(m), json!({"i32": n}), json!({"i32": h}), json!({"f32": eps})], s.norm_off);
+        let params: Vec<&str> = params.iter().map(String::as_str).collect();
+        gemv(&entry, &params, n, args)
     };
     let rms_norm = |out: usize, x: usize, w: usize, m: usize| {
-        rowwise("rms_norm_f32", &RMS_NORM_F32, 128, vec![p(out), p(x), p(w), p(m), json!({"i32": h}), json!({"f32": eps})])
+        let (entry, params, args) = with_off("rms_norm_f32", &RMS_NORM_F32, vec![p(out), p(x), p(w), p(m), json!({"i32": h}), json!({"f32": eps})], s.norm_off);
+        let params: Vec<&str> = params.iter().map(String::as_str).collect();
+        rowwise(&entry, &params, 128, args)
     };
     let add_rms_norm = |out: usize, res: usize, x: usize, w: usize, m: usize| {
-        rowwise("add_rms_norm_f32", &ADD_RMS_NORM_F32, 128, vec![p(out), p(res), p(x), p(w), p(m), json!({"i32": h}), json!({"f32": eps})])
+        let (entry, params, args) = with_off("add_rms_norm_f32", &ADD_RMS_NORM_F32, vec![p(out), p(res), p(x), p(w), p(m), json!({"i32": h}), json!({"f32": eps})], s.norm_off);
+        let params: Vec<&str> = params.iter().map(String::as_str).collect();
+        rowwise(&entry, &params, 128, args)
     };
-    let swiglu = |act: usize, gu: usize, m: usize| rowwise("swiglu", &SWIGLU_ROW, 256, vec![p(act), p(gu), p(m), json!({"i32": i})]);
+    // The MLP's activation: the row-wise kernel and the fused down GEMVs' name part.
+    let (act_row, act) = if s.gelu { ("geglu_tanh", "geglu") } else { ("swiglu", "swiglu") };
+    let swiglu = |a: usize, gu: usize, m: usize| rowwise(act_row, &SWIGLU_ROW, 256, vec![p(a), p(gu), p(m), json!({"i32": i})]);
+    let down = |a: usize, gu: usize, wd: usize, mlp: usize, m: usize| {
+        let mut l = vec![gemv(&format!("gemv_bf16_{act}"), &SWIGLU, h, vec![p(gu), p(a), p(wd), null(), p(mlp), p(m), json!({"i32": h}), json!({"i32": i})])];
+        l.extend(when_large(vec![swiglu(a, gu, m)]));
+        l.extend(gemm(gemm_launches(h, i), [p(a), p(wd), null(), p(mlp), p(m)]));
+        l
+    };
+    if s.sandwich {
+        return sandwich_ops(s, &gemm_launches, &rms, &rms_norm, &down);
+    }
 
     let mut ops = Map::new();
     // [out h, in x, in w, in Wqkv, ptr bias, out qkv, tokens]
@@ -143,7 +220,7 @@ pub(crate) fn ops(s: &Sizes, gemm_launches: impl Fn(u64, u64) -> Vec<Value>) -> 
     );
 
     // [in gate_up, out act, in Wd, out mlp, inout x, in w_in', out h, in Wqkv', ptr bias', out qkv, tokens]
-    let mut l = vec![gemv("gemv_bf16_swiglu_add", &SWIGLU_ADD, h, vec![p(0), p(1), p(2), null(), p(3), p(4), p(10), json!({"i32": h}), json!({"i32": i})])];
+    let mut l = vec![gemv(&format!("gemv_bf16_{act}_add"), &SWIGLU_ADD, h, vec![p(0), p(1), p(2), null(), p(3), p(4), p(10), json!({"i32": h}), json!({"i32": i})])];
     l.extend(when_large(vec![swiglu(1, 0, 10)]));
     l.extend(gemm(gemm_launches(h, i), [p(1), p(2), null(), p(3), p(10)]));
     l.extend(when_large(vec![add_rms_norm(6, 4, 3, 5, 10)]));
@@ -156,12 +233,64 @@ pub(crate) fn ops(s: &Sizes, gemm_launches: impl Fn(u64, u64) -> Vec<Value>) -> 
     );
 
     // [in gate_up, out act, in Wd, out mlp, tokens]
-    let mut l = vec![gemv("gemv_bf16_swiglu", &SWIGLU, h, vec![p(0), p(1), p(2), null(), p(3), p(4), json!({"i32": h}), json!({"i32": i})])];
-    l.extend(when_large(vec![swiglu(1, 0, 4)]));
-    l.extend(gemm(gemm_launches(h, i), [p(1), p(2), null(), p(3), p(4)]));
+    ops.insert(down_op_name(s), down_op(down(1, 0, 2, 3, 4)));
+    ops
+}
+
+/// The name of the op `act = act(gate_up); mlp = act·Wdᵀ` (`swiglu_down_proj` or `geglu_down_proj`).
+pub(crate) fn down_op_name(s: &Sizes) -> String {
+    format!("{}_down_proj", if s.gelu { "geglu" } else { "swiglu" })
+}
+
+fn down_op(launches: Vec<Value>) -> Value {
+    json!({"params": ["in buffer<bf16>", "out buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32"], "impl": {"launches": launches}})
+}
+
+/// The sandwich block's ops (module docs, second table): `norm_qkv_proj` (layer 0),
+/// `postnorm_gate_up_proj`, `geglu_down_proj` / `swiglu_down_proj`, `postnorm_qkv_proj`; the O
+/// projection and the last layer's post-feedforward norm are the unfused program's ops.
+fn sandwich_ops(
+    s: &Sizes,
+    gemm_launches: &impl Fn(u64, u64) -> Vec<Value>,
+    rms: &impl Fn(usize, usize, usize, usize, Value, usize, usize, u64) -> Value,
+    rms_norm: &impl Fn(usize, usize, usize, usize) -> Value,
+    down: &impl Fn(usize, usize, usize, usize, usize) -> Vec<Value>,
+) -> Map<String, Value> {
+    let off = s.norm_off.expect("sandwich ops need the (off + w) norms (fusion_supported)");
+    let (h, eps) = (s.h, s.eps);
+    let large_steps = s.max_tokens > FUSED_MAX_TOKENS;
+    let when_large = |ls: Vec<Value>| if large_steps { ls } else { vec![] };
+    let mut ops = Map::new();
+    // [out h, in x, in w, in Wqkv, ptr bias, out qkv, tokens] (layer 0: x from the embedding)
+    let mut l = vec![rms(1, 2, 0, 3, p(4), 5, 6, s.qkv)];
+    l.extend(when_large(vec![rms_norm(0, 1, 2, 6)]));
+    l.extend(gemm(gemm_launches(s.qkv, h), [p(0), p(3), p(4), p(5), p(6)]));
     ops.insert(
-        "swiglu_down_proj".into(),
-        json!({"params": ["in buffer<bf16>", "out buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32"], "impl": {"launches": l}}),
+        "norm_qkv_proj".into(),
+        json!({"params": ["out buffer<bf16>", "in buffer<f32>", "in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": l}}),
     );
+    // [in o, in x_in, in w_post, out x_out, in w_pre, out h, in W, ptr bias, out y, tokens]: x_out =
+    // x_in + post(o); h = pre(x_out); y = h·Wᵀ (+bias). N: the projection's rows.
+    let postnorm = |n: u64| {
+        let mut l = vec![gemv(
+            POSTNORM_ENTRY,
+            &POSTNORM,
+            n,
+            vec![p(1), p(0), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), json!({"i32": n}), json!({"i32": h}), json!({"f32": eps}), json!({"f32": off})],
+        )];
+        l.extend(when_large(vec![rowwise(
+            "postnorm_add_rms_norm_f32_off",
+            &POSTNORM_ROW,
+            128,
+            vec![p(5), p(3), p(1), p(0), p(2), p(4), p(9), json!({"i32": h}), json!({"f32": eps}), json!({"f32": off})],
+        )]));
+        l.extend(gemm(gemm_launches(n, h), [p(5), p(6), p(7), p(8), p(9)]));
+        json!({"params": ["in buffer<bf16>", "in buffer<f32>", "in buffer<bf16>", "out buffer<f32>", "in buffer<bf16>", "out buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"],
+               "impl": {"launches": l}})
+    };
+    ops.insert("postnorm_gate_up_proj".into(), postnorm(2 * s.i));
+    ops.insert("postnorm_qkv_proj".into(), postnorm(s.qkv));
+    // [in gate_up, out act, in Wd, out mlp, tokens]
+    ops.insert(down_op_name(s), down_op(down(1, 0, 2, 3, 4)));
     ops
 }

@@ -450,21 +450,20 @@ pub fn generate_for_gguf(cfg: &Config, opts: &PackOptions, out: &Path) -> Result
     write(cfg, opts, out, |m| crate::gguf::rename_sources(m, &|hf| crate::families::gguf_name(cfg, hf)))
 }
 
-/// Whether `--decode-fusion on` can be written for `cfg`: the fused GEMVs implement the
-/// Qwen / Llama block (SwiGLU, `w · bf16(x̂)` norms, two norms per block, no O or MLP biases).
+/// Whether `--decode-fusion on` can be written for `cfg`: the fused GEMVs implement blocks with
+/// two norms (`w · bf16(x̂)` or zero-centred `(off + w)`) or four zero-centred ones (sandwich:
+/// Gemma 3), SwiGLU or GeGLU-tanh MLPs, without O or MLP biases, hidden and intermediate sizes a
+/// multiple of 8 (the GEMVs' K).
 pub fn fusion_supported(cfg: &Config) -> std::result::Result<(), String> {
     let mut why = vec![];
-    if cfg.norm != crate::config::NormKind::Scale {
-        why.push("zero-centred (1 + w) norms");
-    }
-    if cfg.sandwich_norms {
-        why.push("four norms per block");
-    }
-    if cfg.activation != crate::config::Activation::Silu {
-        why.push("a GELU MLP");
+    if cfg.sandwich_norms && cfg.norm == crate::config::NormKind::Scale {
+        why.push("four norms per block with w · bf16(x) norms (the sandwich GEMV has the (off + w) form only)");
     }
     if cfg.o_bias || cfg.mlp_bias {
         why.push("O / MLP biases");
+    }
+    if !cfg.hidden_size.is_multiple_of(8) || !cfg.intermediate_size.is_multiple_of(8) {
+        why.push("a hidden or intermediate size that is not a multiple of 8");
     }
     if why.is_empty() {
         Ok(())
@@ -810,6 +809,12 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     let res = |shape: Value| if f32_res { json!({"dtype": "f32", "shape": shape}) } else { bf16(shape) };
     let rt = if f32_res { "f32" } else { "bf16" };
     b.insert("x".into(), res(json!(["tokens", d.h])));
+    // The fused program (crate::fused): with sandwich norms its residual ping-pongs between x and x2.
+    let fused = opts.decode_fusion && f32_res && opts.tp.is_none();
+    let x2 = fused && sandwich;
+    if x2 {
+        b.insert("x2".into(), res(json!(["tokens", d.h])));
+    }
     b.insert("h".into(), bf16(json!(["tokens", d.h])));
     b.insert("qkv".into(), bf16(json!(["tokens", d.qkv])));
     b.insert("attn".into(), bf16(json!(["tokens", d.hq * d.d])));
@@ -1059,16 +1064,33 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     if opts.tp.is_some() {
         ops["all_reduce"] = json!({"params": ["inout buffer<bf16>"], "impl": {"collective": "all_reduce_sum"}});
     }
-    // The fused decode program (crate::fused): its ops replace the per-kernel ones it does not call.
-    let fused = opts.decode_fusion && f32_res && opts.tp.is_none();
+    // The fused decode program (crate::fused): its ops replace the per-kernel ones it does not
+    // call (a sandwich block keeps the plain O projection and, for the last layer, post_norm).
+    let norm_off = match cfg.norm {
+        NormKind::Scale => None,
+        NormKind::Offset(off) => Some(off),
+    };
+    let sizes = crate::fused::Sizes {
+        h: d.h,
+        i: d.i,
+        qkv: d.qkv,
+        attn: d.hq * d.d,
+        eps,
+        max_tokens: opts.max_tokens,
+        norm_off,
+        gelu: cfg.activation == Activation::GeluTanh,
+        sandwich,
+    };
     if fused {
         let o = ops.as_object_mut().expect("ops");
-        for unused in ["rms_norm", "add_rms_norm", "qkv_proj", "o_proj", "gate_up_proj", "down_proj", "swiglu"] {
-            o.remove(unused);
+        for unused in ["rms_norm", "add_rms_norm", "qkv_proj", "o_proj", "gate_up_proj", "down_proj", act_op] {
+            if !(sandwich && unused == "o_proj") {
+                o.remove(unused);
+            }
         }
-        let sizes = crate::fused::Sizes { h: d.h, i: d.i, qkv: d.qkv, attn: d.hq * d.d, eps, max_tokens: opts.max_tokens };
         o.extend(crate::fused::ops(&sizes, |n, k| gemm_launches(n, k, "tokens", opts.max_tokens, false, opts.batch_gemm)));
     }
+    let down_op = crate::fused::down_op_name(&sizes);
     crate::moe::extend(cfg, opts, &mut b, &mut ops, |n, k| gemm_launches(n, k, "tokens", opts.max_tokens, false, opts.batch_gemm));
     // After a row-parallel GEMM each rank holds a partial sum of the full output.
     let all_reduce = |label: String, b: &str| json!({"label": label, "op": "all_reduce", "args": [{"buf": b}]});
@@ -1118,6 +1140,28 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
             }
             attn_args.push(json!({"i32": cfg.window(l).unwrap_or(0)}));
             calls.push(json!({"label": format!("l{l}.attention"), "op": attention, "args": attn_args}));
+            if fused && sandwich {
+                // The residual arrives in x, leaves the attention half in x2 and the MLP half in x
+                // again (crate::fused: every CTA of a prologue GEMV reads x_in while its pieces' owners
+                // write x_out); the last layer's stays in x2 for the final norm.
+                calls.push(json!({"label": format!("l{l}.o_proj"), "op": "o_proj",
+                    "args": [buf("attn"), buf(&format!("{p}.self_attn.o_proj.weight")), json!({"null": true}), buf("o"), var("tokens")]}));
+                calls.push(json!({"label": format!("l{l}.post_attention_norm_gate_up"), "op": "postnorm_gate_up_proj",
+                    "args": [buf("o"), buf("x"), buf(&format!("{p}.post_attention_layernorm.weight")), buf("x2"), buf(&format!("{p}.pre_feedforward_layernorm.weight")),
+                             buf("h"), buf(&format!("{p}.mlp.gate_up_proj.weight")), json!({"null": true}), buf("gate_up"), var("tokens")]}));
+                calls.push(json!({"label": format!("l{l}.down_proj"), "op": down_op,
+                    "args": [buf("gate_up"), buf("act"), buf(&format!("{p}.mlp.down_proj.weight")), buf("mlp"), var("tokens")]}));
+                if l + 1 < layers {
+                    let next = format!("model.layers.{}", l + 1);
+                    calls.push(json!({"label": format!("l{l}.post_feedforward_norm_qkv"), "op": "postnorm_qkv_proj",
+                        "args": [buf("mlp"), buf("x2"), buf(&format!("{p}.post_feedforward_layernorm.weight")), buf("x"), buf(&format!("{next}.input_layernorm.weight")),
+                                 buf("h"), buf(&format!("{next}.self_attn.qkv_proj.weight")), qkv_bias(l + 1), buf("qkv"), var("tokens")]}));
+                } else {
+                    calls.push(json!({"label": format!("l{l}.post_feedforward_norm"), "op": "post_norm",
+                        "args": [buf("mlp_norm"), buf("mlp"), buf(&format!("{p}.post_feedforward_layernorm.weight")), var("tokens")]}));
+                }
+                continue;
+            }
             if fused {
                 calls.push(json!({"label": format!("l{l}.o_proj_gate_up"), "op": "o_proj_norm_gate_up",
                     "args": [buf("attn"), buf(&format!("{p}.self_attn.o_proj.weight")), buf("o"), buf("x"), buf(&format!("{p}.post_attention_layernorm.weight")),
@@ -1129,7 +1173,7 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                         "args": [buf("gate_up"), buf("act"), down, buf("mlp"), buf("x"), buf(&format!("{next}.input_layernorm.weight")), buf("h"),
                                  buf(&format!("{next}.self_attn.qkv_proj.weight")), qkv_bias(l + 1), buf("qkv"), var("tokens")]}));
                 } else {
-                    calls.push(json!({"label": format!("l{l}.down_proj"), "op": "swiglu_down_proj", "args": [buf("gate_up"), buf("act"), down, buf("mlp"), var("tokens")]}));
+                    calls.push(json!({"label": format!("l{l}.down_proj"), "op": down_op, "args": [buf("gate_up"), buf("act"), down, buf("mlp"), var("tokens")]}));
                 }
                 continue;
             }
@@ -1169,7 +1213,9 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         }
         // Only the last position of each sequence goes through the final norm and the LM head.
         let gather_res = if f32_res { "gather_last_f32" } else { "gather_last" };
-        calls.push(json!({"label": "gather.residual", "op": gather_res, "args": [buf("x_last"), buf("x"), buf("last_token"), var("seqs"), var("tokens")]}));
+        // (the fused sandwich program's last layer leaves the residual in x2)
+        let x_final = if x2 { "x2" } else { "x" };
+        calls.push(json!({"label": "gather.residual", "op": gather_res, "args": [buf("x_last"), buf(x_final), buf("last_token"), var("seqs"), var("tokens")]}));
         calls.push(json!({"label": "gather.mlp", "op": "gather_last", "args": [buf("mlp_last"), buf(mlp_out), buf("last_token"), var("seqs"), var("tokens")]}));
         calls.push(json!({"label": "final_norm", "op": "add_rms_norm_last", "args": [buf("h_last"), buf("x_last"), buf("mlp_last"), buf("model.norm.weight"), var("seqs")]}));
         calls.push(json!({"label": "lm_head", "op": "lm_head", "args": [buf("h_last"), buf("lm_head.weight"), {"null": true}, buf("logits"), var("seqs")]}));

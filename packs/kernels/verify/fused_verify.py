@@ -5,7 +5,7 @@ gemv_bf16_swiglu_add, gemv_bf16_swiglu, and the experimental gemv_bf16_rms_pf; p
 must be BIT-IDENTICAL to the unfused sequence of the pack's own kernels, and the fused sequence's
 time is printed beside the unfused one's.
 
-usage: python3 packs/kernels/verify/fused_verify.py [CUBIN_DIR] [--no-timing]
+usage: python3 packs/kernels/verify/fused_verify.py [CUBIN_DIR] [--no-timing] [--only qwen|sandwich]
 
 CUBIN_DIR (default build/packs) must hold rowwise.sm_90a.cubin and gemm_skinny.sm_90a.cubin
 (packs/kernels/build.sh); a missing file or entry is a FAIL. Needs torch and cupy (as
@@ -27,6 +27,22 @@ long-row case (K = 32768, 64 rows in 8 launches) makes an rstd that differs in i
 values and zeros. One PASS/FAIL line per case; the timing table last (median of back-to-back runs
 behind a GPU sleep, weights rotated through >= 256 MB of copies so L2 cannot serve them); exit 1 on
 any failure.
+
+Sandwich-norm blocks (issue 24, Gemma 3: four (off + w) norms, GeGLU-tanh; `--only sandwich` runs
+only these), the groups the fused program launches for them:
+  qkv0       rms_norm_f32_off -> gemv_bf16                       vs gemv_bf16_rms_off (layer 0)
+  o+gate_up  gemv_bf16 -> rms_norm_off -> add_rms_norm_f32_off -> gemv_bf16
+                                                 vs gemv_bf16 -> gemv_bf16_postnorm_rms (and _pf),
+                                                    and postnorm_add_rms_norm_f32_off (steps > 8)
+  down+qkv   geglu_tanh -> gemv_bf16 -> rms_norm_off -> add_rms_norm_f32_off -> gemv_bf16
+                                                 vs gemv_bf16_geglu -> gemv_bf16_postnorm_rms
+  down       geglu_tanh -> gemv_bf16 (-> add_rms_norm_f32's residual update)
+                                                 vs gemv_bf16_geglu (gemv_bf16_geglu_add)
+The unfused chain updates the residual in place; the fused entries read x_in and write x_out (another
+buffer), which must equal the chain's residual bit for bit while x_in stays as it was. Shapes: Gemma 3
+270M / 1B / 4B / 12B and odd ones, offsets 1 (Hugging Face) and 0 (GGUF), M = 1..8, long rows
+(K = 32768); GeGLU gates over large magnitudes (tanh saturated), tiny values and zeros. Timing: per
+layer o+gate_up and down+qkv, 9 launches unfused vs 4 fused (the O GEMV in both).
 """
 import argparse
 import math
@@ -49,10 +65,24 @@ SHAPES = [
 ]
 TIMED = ["qwen3-0.6b", "qwen3-4b", "qwen3-8b"]
 
+# Sandwich blocks: name -> (H, I, qkv N, attention size, bias?, norm offset)
+SANDWICH_SHAPES = [
+    ("gemma-3-270m", 640, 2048, 1536, 1024, False, 1.0),
+    ("gemma-3-1b", 1152, 6912, 1536, 1024, False, 1.0),
+    ("gemma-3-4b", 2560, 10240, 4096, 2048, False, 1.0),
+    ("gemma-3-12b", 3840, 15360, 8192, 4096, False, 1.0),
+    ("gemma-3-1b-gguf", 1152, 6912, 1536, 1024, False, 0.0),
+    ("odd-a", 1000, 520, 72, 264, True, 1.0),
+    ("odd-c", 520, 1544, 40, 1032, True, 0.0),
+]
+SANDWICH_TIMED = ["gemma-3-1b", "gemma-3-4b", "gemma-3-12b"]
+
 ENTRIES = {
-    "rowwise": ["rms_norm_f32", "add_rms_norm_f32", "swiglu"],
+    "rowwise": ["rms_norm_f32", "add_rms_norm_f32", "swiglu", "rms_norm_f32_off", "rms_norm_off", "add_rms_norm_f32_off",
+                "geglu_tanh", "postnorm_add_rms_norm_f32_off"],
     "gemm_skinny": ["gemv_bf16", "gemv_bf16_rms", "gemv_bf16_rms_pf", "gemv_bf16_add", "gemv_bf16_swiglu_add",
-                    "gemv_bf16_swiglu"],
+                    "gemv_bf16_swiglu", "gemv_bf16_rms_off", "gemv_bf16_postnorm_rms", "gemv_bf16_postnorm_rms_pf",
+                    "gemv_bf16_geglu_add", "gemv_bf16_geglu"],
 }
 
 
@@ -121,6 +151,43 @@ class K:
     def gemv_swiglu(self, gu, act, W, b, y, M, N, Kd):
         self.launch("gemv_bf16_swiglu", cdiv(N, 16), 256,
                     (self.p(gu), self.p(act), self.p(W), self.p(b), self.p(y), self.i(M), self.i(N), self.i(Kd)))
+
+    # sandwich blocks ((off + w) norms, GeGLU)
+    def f(self, v):
+        return self.np.float32(v)
+
+    def rms_norm_f32_off(self, h, res, w, M, H, off):
+        self.launch("rms_norm_f32_off", M, 128, (self.p(h), self.p(res), self.p(w), self.i(M), self.i(H), self.f(EPS), self.f(off)))
+
+    def rms_norm_off(self, out, x, w, M, H, off):
+        self.launch("rms_norm_off", M, 128, (self.p(out), self.p(x), self.p(w), self.i(M), self.i(H), self.f(EPS), self.f(off)))
+
+    def add_rms_norm_off(self, h, res, x, w, M, H, off):
+        self.launch("add_rms_norm_f32_off", M, 128,
+                    (self.p(h), self.p(res), self.p(x), self.p(w), self.i(M), self.i(H), self.f(EPS), self.f(off)))
+
+    def geglu(self, act, gu, M, I):
+        self.launch("geglu_tanh", M, 256, (self.p(act), self.p(gu), self.i(M), self.i(I)))
+
+    def postnorm_row(self, h, x_out, x_in, o, wp, wn, M, H, off):
+        self.launch("postnorm_add_rms_norm_f32_off", M, 128, (self.p(h), self.p(x_out), self.p(x_in), self.p(o), self.p(wp), self.p(wn),
+                                                               self.i(M), self.i(H), self.f(EPS), self.f(off)))
+
+    def gemv_rms_off(self, res, w, h, W, b, y, M, N, Kd, off):
+        self.launch("gemv_bf16_rms_off", cdiv(N, 16), 256, (self.p(res), self.p(w), self.p(h), self.p(W), self.p(b), self.p(y),
+                                                              self.i(M), self.i(N), self.i(Kd), self.f(EPS), self.f(off)))
+
+    def gemv_postnorm(self, x_in, o, wp, x_out, wn, h, W, b, y, M, N, Kd, off, entry="gemv_bf16_postnorm_rms"):
+        self.launch(entry, cdiv(N, 16), 256, (self.p(x_in), self.p(o), self.p(wp), self.p(x_out), self.p(wn), self.p(h), self.p(W),
+                                              self.p(b), self.p(y), self.i(M), self.i(N), self.i(Kd), self.f(EPS), self.f(off)))
+
+    def gemv_geglu(self, gu, act, W, b, y, M, N, Kd):
+        self.launch("gemv_bf16_geglu", cdiv(N, 16), 256,
+                    (self.p(gu), self.p(act), self.p(W), self.p(b), self.p(y), self.i(M), self.i(N), self.i(Kd)))
+
+    def gemv_geglu_add(self, gu, act, W, b, y, res, M, N, Kd):
+        self.launch("gemv_bf16_geglu_add", cdiv(N, 16), 256,
+                    (self.p(gu), self.p(act), self.p(W), self.p(b), self.p(y), self.p(res), self.i(M), self.i(N), self.i(Kd)))
 
 
 class Run:
@@ -369,6 +436,170 @@ class Run:
             del Ws
             torch.cuda.empty_cache()
 
+    # -- sandwich blocks (Gemma 3)
+    def norm_w0(self, H):
+        """A zero-centred norm weight (small values around 0; the offset adds the 1)."""
+        return self.bf(H, scale=0.3)
+
+    def sandwich_weights(self, sh):
+        name, H, I, QKV, A, bias, off = sh
+        return dict(wi=self.norm_w0(H), wpa=self.norm_w0(H), wpf=self.norm_w0(H), wff=self.norm_w0(H),
+                    qkv=self.bf(QKV, H, scale=0.05), b=self.bf(QKV, scale=0.5) if bias else None,
+                    gu=self.bf(2 * I, H, scale=0.05), o=self.bf(H, A, scale=0.05), d=self.bf(H, I, scale=0.05))
+
+    def unchanged(self, a, before):
+        t = self.torch
+        return "" if t.equal(a.view(t.int32), before.view(t.int32)) else "x_in was written"
+
+    def case_sw_qkv0(self, sh, Wt, M):
+        name, H, I, QKV, A, bias, off = sh
+        torch, k = self.torch, self.k
+        res = self.residual(M + GUARD_ROWS, H)
+        res0 = res.clone()
+        h1, y1, h2, y2 = self.out(M, H), self.out(M, QKV), self.out(M, H), self.out(M, QKV)
+        k.rms_norm_f32_off(h1, res, Wt["wi"], M, H, off)
+        k.gemv(h1, Wt["qkv"], Wt["b"], y1, M, QKV, H)
+        k.gemv_rms_off(res, Wt["wi"], h2, Wt["qkv"], Wt["b"], y2, M, QKV, H, off)
+        torch.cuda.synchronize()
+        self.check(f"{name} qkv0 M={M} off={off}: gemv_bf16_rms_off == rms_norm_f32_off -> gemv_bf16",
+                   [("h", self.same(h1, h2, M)), ("qkv", self.same(y1, y2, M)), ("residual", self.unchanged(res, res0))])
+
+    def case_sw_o_gate_up(self, sh, Wt, M):
+        name, H, I, QKV, A, bias, off = sh
+        torch, k = self.torch, self.k
+        attn = self.bf(M + GUARD_ROWS, A)
+        x = self.residual(M + GUARD_ROWS, H)
+        x1 = x.clone()
+        o1, on, h1, gu1 = self.out(M, H), self.out(M, H), self.out(M, H), self.out(M, 2 * I)
+        k.gemv(attn, Wt["o"], None, o1, M, H, A)
+        k.rms_norm_off(on, o1, Wt["wpa"], M, H, off)
+        k.add_rms_norm_off(h1, x1, on, Wt["wpf"], M, H, off)
+        k.gemv(h1, Wt["gu"], None, gu1, M, 2 * I, H)
+        outs = []
+        for entry in ("gemv_bf16_postnorm_rms", "gemv_bf16_postnorm_rms_pf"):
+            xin, xout = x.clone(), x.clone()
+            xout[:M] = float("nan")
+            o2, h2, gu2 = self.out(M, H), self.out(M, H), self.out(M, 2 * I)
+            k.gemv(attn, Wt["o"], None, o2, M, H, A)
+            k.gemv_postnorm(xin, o2, Wt["wpa"], xout, Wt["wpf"], h2, Wt["gu"], None, gu2, M, 2 * I, H, off, entry=entry)
+            outs.append((entry, xin, xout, o2, h2, gu2))
+        # the row-wise launch of larger steps (another buffer), on the same o
+        xin3, xout3, h3 = x.clone(), x.clone(), self.out(M, H)
+        xout3[:M] = float("nan")
+        k.postnorm_row(h3, xout3, xin3, o1, Wt["wpa"], Wt["wpf"], M, H, off)
+        torch.cuda.synchronize()
+        for entry, xin, xout, o2, h2, gu2 in outs:
+            self.check(f"{name} o+gate_up M={M} off={off}: gemv_bf16 -> {entry} == gemv_bf16 -> rms_norm_off -> add_rms_norm_f32_off -> gemv_bf16",
+                       [("o", self.same(o1, o2, M)), ("x_out", self.same_res(x1, xout, M, x)), ("x_in", self.unchanged(xin, x)),
+                        ("h", self.same(h1, h2, M)), ("gate_up", self.same(gu1, gu2, M))])
+        self.check(f"{name} postnorm_add_rms_norm_f32_off M={M} off={off}: == rms_norm_off -> add_rms_norm_f32_off",
+                   [("x_out", self.same_res(x1, xout3, M, x)), ("x_in", self.unchanged(xin3, x)), ("h", self.same(h1, h3, M))])
+
+    def case_sw_down_qkv(self, sh, Wt, M, last=False):
+        name, H, I, QKV, A, bias, off = sh
+        torch, k = self.torch, self.k
+        gu = self.gate_up(M + GUARD_ROWS, I)
+        x = self.residual(M + GUARD_ROWS, H)
+        x1 = x.clone()
+        a1, m1, mn, h1, q1 = self.out(M, I), self.out(M, H), self.out(M, H), self.out(M, H), self.out(M, QKV)
+        k.geglu(a1, gu, M, I)
+        k.gemv(a1, Wt["d"], None, m1, M, H, I)
+        if last:
+            a2, m2, a3, m3, hn = self.out(M, I), self.out(M, H), self.out(M, I), self.out(M, H), self.out(M, H)
+            r1, r3 = x.clone(), x.clone()
+            k.add_rms_norm(hn, r1, m1, Wt["wi"], M, H)
+            k.gemv_geglu(gu, a2, Wt["d"], None, m2, M, H, I)
+            k.gemv_geglu_add(gu, a3, Wt["d"], None, m3, r3, M, H, I)
+            torch.cuda.synchronize()
+            self.check(f"{name} down (last layer) M={M}: gemv_bf16_geglu (and _add) == geglu_tanh -> gemv_bf16 (-> residual add)",
+                       [("act", self.same(a1, a2, M)), ("mlp", self.same(m1, m2, M)), ("act (_add)", self.same(a1, a3, M)),
+                        ("mlp (_add)", self.same(m1, m3, M)), ("residual (_add)", self.same_res(r1, r3, M, x))])
+            return
+        k.rms_norm_off(mn, m1, Wt["wff"], M, H, off)
+        k.add_rms_norm_off(h1, x1, mn, Wt["wi"], M, H, off)
+        k.gemv(h1, Wt["qkv"], Wt["b"], q1, M, QKV, H)
+        xin, xout = x.clone(), x.clone()
+        xout[:M] = float("nan")
+        a2, m2, h2, q2 = self.out(M, I), self.out(M, H), self.out(M, H), self.out(M, QKV)
+        k.gemv_geglu(gu, a2, Wt["d"], None, m2, M, H, I)
+        k.gemv_postnorm(xin, m2, Wt["wff"], xout, Wt["wi"], h2, Wt["qkv"], Wt["b"], q2, M, QKV, H, off)
+        torch.cuda.synchronize()
+        self.check(f"{name} down+qkv M={M} off={off}: gemv_bf16_geglu -> gemv_bf16_postnorm_rms == geglu_tanh -> gemv_bf16 -> "
+                   "rms_norm_off -> add_rms_norm_f32_off -> gemv_bf16",
+                   [("act", self.same(a1, a2, M)), ("mlp", self.same(m1, m2, M)), ("x_out", self.same_res(x1, xout, M, x)),
+                    ("x_in", self.unchanged(xin, x)), ("h", self.same(h1, h2, M)), ("qkv", self.same(q1, q2, M))])
+
+    def sandwich_correctness(self):
+        for sh in SANDWICH_SHAPES:
+            name = sh[0]
+            Wt = self.sandwich_weights(sh)
+            for M in range(1, 9):
+                for what, f in (("qkv0", lambda: self.case_sw_qkv0(sh, Wt, M)),
+                                ("o+gate_up", lambda: self.case_sw_o_gate_up(sh, Wt, M)),
+                                ("down+qkv", lambda: self.case_sw_down_qkv(sh, Wt, M)),
+                                ("down", lambda: self.case_sw_down_qkv(sh, Wt, M, last=True))):
+                    try:
+                        f()
+                    except Exception as e:  # noqa: BLE001
+                        self.report(False, f"{name} {what} M={M}", repr(e))
+                        if "illegal" in repr(e).lower() or "launch failure" in repr(e).lower():
+                            raise
+            del Wt
+        # Long rows: an rstd (of o or of x_out) one ulp off flips ~1 of 32768 bf16 values per row.
+        long = ("long-rows", 32768, 64, 48, 64, False, 1.0)
+        Wt = self.sandwich_weights(long)
+        for _ in range(8):
+            self.case_sw_o_gate_up(long, Wt, 8)
+
+    def sandwich_bench(self):
+        torch, k = self.torch, self.k
+        for sh in SANDWICH_SHAPES:
+            name, H, I, QKV, A, bias, off = sh
+            if name not in SANDWICH_TIMED:
+                continue
+            per_layer = (QKV * H + H * A + 2 * I * H + H * I) * 2
+            copies = max(2, min(8, cdiv(256 << 20, per_layer)))
+            Ws = [dict(qkv=self.bf(QKV, H, scale=0.05), o=self.bf(H, A, scale=0.05), gu=self.bf(2 * I, H, scale=0.05),
+                       d=self.bf(H, I, scale=0.05)) for _ in range(copies)]
+            wa, wb = self.norm_w0(H), self.norm_w0(H)
+            for M in (1, 4, 8):
+                x, x2 = self.residual(M, H), self.residual(M, H)
+                attn, gu = self.bf(M, A), self.gate_up(M, I)
+                h, qkv, o, on, gu_o, act, mlp = (torch.empty(M, n, dtype=torch.bfloat16, device=self.dev) for n in (H, QKV, H, H, 2 * I, I, H))
+                groups = {
+                    "o+gate_up (sandwich)": (
+                        [[lambda W=W: k.gemv(attn, W["o"], None, o, M, H, A), lambda W=W: k.rms_norm_off(on, o, wa, M, H, off),
+                          lambda W=W: k.add_rms_norm_off(h, x, on, wb, M, H, off), lambda W=W: k.gemv(h, W["gu"], None, gu_o, M, 2 * I, H)] for W in Ws],
+                        [[lambda W=W: k.gemv(attn, W["o"], None, o, M, H, A),
+                          lambda W=W: k.gemv_postnorm(x, o, wa, x2, wb, h, W["gu"], None, gu_o, M, 2 * I, H, off)] for W in Ws]),
+                    "o+gate_up with _pf": (
+                        [[lambda W=W: k.gemv(attn, W["o"], None, o, M, H, A), lambda W=W: k.rms_norm_off(on, o, wa, M, H, off),
+                          lambda W=W: k.add_rms_norm_off(h, x, on, wb, M, H, off), lambda W=W: k.gemv(h, W["gu"], None, gu_o, M, 2 * I, H)] for W in Ws],
+                        [[lambda W=W: k.gemv(attn, W["o"], None, o, M, H, A),
+                          lambda W=W: k.gemv_postnorm(x, o, wa, x2, wb, h, W["gu"], None, gu_o, M, 2 * I, H, off,
+                                                      entry="gemv_bf16_postnorm_rms_pf")] for W in Ws]),
+                    "post-norm pair vs the row-wise entry": (
+                        [[lambda: k.rms_norm_off(on, o, wa, M, H, off), lambda: k.add_rms_norm_off(h, x, on, wb, M, H, off)]],
+                        [[lambda: k.postnorm_row(h, x2, x, o, wa, wb, M, H, off)]]),
+                    "down+qkv (sandwich)": (
+                        [[lambda W=W: k.geglu(act, gu, M, I), lambda W=W: k.gemv(act, W["d"], None, mlp, M, H, I),
+                          lambda W=W: k.rms_norm_off(on, mlp, wa, M, H, off), lambda W=W: k.add_rms_norm_off(h, x, on, wb, M, H, off),
+                          lambda W=W: k.gemv(h, W["qkv"], None, qkv, M, QKV, H)] for W in Ws],
+                        [[lambda W=W: k.gemv_geglu(gu, act, W["d"], None, mlp, M, H, I),
+                          lambda W=W: k.gemv_postnorm(x2, mlp, wa, x, wb, h, W["qkv"], None, qkv, M, QKV, H, off)] for W in Ws]),
+                }
+                layer_u = layer_f = 0.0
+                for g, (unf, fus) in groups.items():
+                    tu, tf = self.timed(unf), self.timed(fus)
+                    x.copy_(self.residual(M, H))
+                    self.timing.append((name, M, g, len(unf[0]), len(fus[0]), tu, tf))
+                    if g in ("o+gate_up (sandwich)", "down+qkv (sandwich)"):
+                        layer_u += tu
+                        layer_f += tf
+                self.timing.append((name, M, "per layer (o+gate_up, down+qkv)", 9, 4, layer_u, layer_f))
+            del Ws
+            torch.cuda.empty_cache()
+
     def table(self):
         print("\nfused vs unfused, µs per group (back-to-back launches, median; weights rotated through >= 256 MB)")
         print(f"{'shape':<12} {'M':>2}  {'group':<34} {'launches':>9} {'unfused':>9} {'fused':>9} {'saved':>8}")
@@ -380,6 +611,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir", nargs="?", default="build/packs")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--only", choices=["qwen", "sandwich"], help="only the Qwen / Llama groups, or only the sandwich-norm (Gemma 3) ones")
     a = ap.parse_args()
     import torch
     if not torch.cuda.is_available():
@@ -395,15 +627,22 @@ def main():
     print(f"device {torch.cuda.get_device_name(0)}, torch {torch.__version__}, cupy {k.cupy.__version__}, cubins {a.dir}", flush=True)
     r = Run(k)
     t0 = time.time()
+    qwen, sandwich = a.only in (None, "qwen"), a.only in (None, "sandwich")
     try:
-        r.correctness()
+        if qwen:
+            r.correctness()
+        if sandwich:
+            r.sandwich_correctness()
     except Exception as e:  # noqa: BLE001 - a fault poisons the context: report and stop
         r.report(False, "correctness run aborted", repr(e))
         print(f"fused_verify: {r.passes} passed, {r.fails} failed (aborted)", flush=True)
         return 1
     if not a.no_timing:
         try:
-            r.bench()
+            if qwen:
+                r.bench()
+            if sandwich:
+                r.sandwich_bench()
         except Exception as e:  # noqa: BLE001
             r.report(False, "timing run aborted", repr(e))
     print(f"\nfused_verify: {r.passes} passed, {r.fails} failed ({time.time() - t0:.0f} s)", flush=True)
