@@ -177,7 +177,7 @@ struct ChunkSmem {
     float V[GDN_C][BV + 4];  // v -> U -> V'
     float M[GDN_C][GDN_C + 4];  // rows 16-byte aligned (float4 reads in step 3)
     float P[GDN_C][GDN_C + 4];
-    float g[GDN_C], gc[GDN_C], beta[GDN_C];
+    float g[GDN_C], gc[GDN_C], beta[GDN_C], eg[GDN_C], ek[GDN_C];  // eg = e^gc, ek = e^(gc_last - gc)
 };
 
 template <int D, int BV, class ST>
@@ -188,8 +188,9 @@ __device__ __forceinline__ void chunk_impl(bf16* __restrict__ o, const bf16* __r
                                            const int* __restrict__ seq_slots, int seqs, int ld_y, int ld_ab, int ld_o,
                                            int hk, int hv, int layer, int num_layers) {
     static_assert(D % 32 == 0 && BV % 32 == 0 && D % BV == 0, "tiling");
-    static_assert(D + BV <= GDN_CHUNK_THREADS && (GDN_C / 4) * (BV / 4) <= GDN_CHUNK_THREADS &&
-                      (D / 8) * (BV / 4) <= GDN_CHUNK_THREADS, "tiling");
+    static_assert(D + BV <= GDN_CHUNK_THREADS && (GDN_C * BV) % (4 * GDN_CHUNK_THREADS) == 0 &&
+                      (D * BV) % (4 * GDN_CHUNK_THREADS) == 0 && (GDN_C / 4) * (GDN_C / 4 + 1) / 2 <= GDN_CHUNK_THREADS,
+                  "tiling");
     constexpr int NT = GDN_CHUNK_THREADS, C = GDN_C;
     using Smem = ChunkSmem<D, BV>;
     KERN_SMEM(Smem, sm);
@@ -260,8 +261,13 @@ __device__ __forceinline__ void chunk_impl(bf16* __restrict__ o, const bf16* __r
                 const float up = __shfl_up_sync(0xffffffffu, sum, o);
                 if (lane >= o) sum += up;
             }
+            const float last = __shfl_sync(0xffffffffu, sum, 31);
             sm.gc[2 * lane + 1] = sum;
             sm.gc[2 * lane] = sum - g1;
+            sm.eg[2 * lane + 1] = expf(sum);
+            sm.eg[2 * lane] = expf(sum - g1);
+            sm.ek[2 * lane + 1] = expf(last - sum);
+            sm.ek[2 * lane] = expf(last - (sum - g1));
         }
         for (int i = warp; i < C; i += NT / 32) {  // l2 norms (rows past Lc are zeros and stay zeros)
             float qv[D / 32], kv[D / 32], sq = 0.f, sk = 0.f;
@@ -282,17 +288,21 @@ __device__ __forceinline__ void chunk_impl(bf16* __restrict__ o, const bf16* __r
             }
         }
         __syncthreads();
-        // 2. M and P: 4 rows x 4 columns (stride 16) per thread
-        {
-            const int ti = tid >> 4, tj = tid & 15;
+        // 2. M and P on and below the diagonal: 4 x 4 blocks (bi, bj <= bi), one per thread (136 of
+        //    the 256 threads); the blocks above are never read (steps 3 and 5 stop at the diagonal)
+        if (tid < (C / 4) * (C / 4 + 1) / 2) {
+            int bi = (int)((sqrtf(8.f * (float)tid + 1.f) - 1.f) * 0.5f);
+            while ((bi + 1) * (bi + 2) / 2 <= tid) ++bi;
+            while (bi * (bi + 1) / 2 > tid) --bi;
+            const int bj = tid - bi * (bi + 1) / 2;
             float m[4][4] = {}, p[4][4] = {};
             for (int d = 0; d < D; d += 4) {
                 float4 qi[4], ki[4], kj[4];
 #pragma unroll
                 for (int r = 0; r < 4; ++r) {
-                    qi[r] = *reinterpret_cast<const float4*>(&sm.Q[ti * 4 + r][d]);
-                    ki[r] = *reinterpret_cast<const float4*>(&sm.K[ti * 4 + r][d]);
-                    kj[r] = *reinterpret_cast<const float4*>(&sm.K[tj + 16 * r][d]);
+                    qi[r] = *reinterpret_cast<const float4*>(&sm.Q[bi * 4 + r][d]);
+                    ki[r] = *reinterpret_cast<const float4*>(&sm.K[bi * 4 + r][d]);
+                    kj[r] = *reinterpret_cast<const float4*>(&sm.K[bj * 4 + r][d]);
                 }
 #pragma unroll
                 for (int r = 0; r < 4; ++r)
@@ -312,7 +322,7 @@ __device__ __forceinline__ void chunk_impl(bf16* __restrict__ o, const bf16* __r
             for (int r = 0; r < 4; ++r)
 #pragma unroll
                 for (int cc = 0; cc < 4; ++cc) {
-                    const int i = ti * 4 + r, j = tj + 16 * cc;
+                    const int i = bi * 4 + r, j = bj * 4 + cc;
                     const float dec = j <= i ? expf(sm.gc[i] - sm.gc[j]) : 0.f;
                     sm.M[i][j] = j < i ? sm.beta[i] * m[r][cc] * dec : 0.f;
                     sm.P[i][j] = p[r][cc] * dec;
@@ -333,7 +343,7 @@ __device__ __forceinline__ void chunk_impl(bf16* __restrict__ o, const bf16* __r
 #pragma unroll
                 for (int r = 0; r < 16; ++r) {
                     const int i = r0 + r;
-                    acc[r] = isw ? sm.beta[i] * expf(sm.gc[i]) * sm.K[i][col] : sm.beta[i] * X[i * ld];
+                    acc[r] = isw ? sm.beta[i] * sm.eg[i] * sm.K[i][col] : sm.beta[i] * X[i * ld];
                 }
                 for (int j = 0; j < r0; j += 4) {
                     const float x0 = X[j * ld], x1 = X[(j + 1) * ld], x2 = X[(j + 2) * ld], x3 = X[(j + 3) * ld];
@@ -355,31 +365,38 @@ __device__ __forceinline__ void chunk_impl(bf16* __restrict__ o, const bf16* __r
             }
         }
         __syncthreads();
-        // 4. V' = U - W S and O = diag(e^gc) Q S (old S): 4 rows x 4 columns per thread
+        // 4. V' = U - W S and O = diag(e^gc) Q S (old S): TR rows x 4 columns per thread
+        constexpr int TR = C * BV / (4 * NT), SR = D * BV / (4 * NT);
         const int ti = tid / (BV / 4), tj = tid % (BV / 4);
-        const bool tile_on = tid < (C / 4) * (BV / 4);
-        float acc[4][4] = {};
-        if (tile_on) {
-            float vs[4][4] = {};
-            for (int d = 0; d < D; ++d) {
-                const float4 sv = *reinterpret_cast<const float4*>(&sm.S[d][tj * 4]);
+        float acc[TR][4] = {};
+        {
+            float vs[TR][4] = {};
+            for (int d = 0; d < D; d += 4) {
+                float4 sv[4];
 #pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const float wv = sm.W[ti * 4 + r][d], qv = sm.Q[ti * 4 + r][d];
-                    vs[r][0] = fmaf(wv, sv.x, vs[r][0]);
-                    vs[r][1] = fmaf(wv, sv.y, vs[r][1]);
-                    vs[r][2] = fmaf(wv, sv.z, vs[r][2]);
-                    vs[r][3] = fmaf(wv, sv.w, vs[r][3]);
-                    acc[r][0] = fmaf(qv, sv.x, acc[r][0]);
-                    acc[r][1] = fmaf(qv, sv.y, acc[r][1]);
-                    acc[r][2] = fmaf(qv, sv.z, acc[r][2]);
-                    acc[r][3] = fmaf(qv, sv.w, acc[r][3]);
+                for (int u = 0; u < 4; ++u) sv[u] = *reinterpret_cast<const float4*>(&sm.S[d + u][tj * 4]);
+#pragma unroll
+                for (int r = 0; r < TR; ++r) {
+                    const float4 w4 = *reinterpret_cast<const float4*>(&sm.W[ti * TR + r][d]);
+                    const float4 q4 = *reinterpret_cast<const float4*>(&sm.Q[ti * TR + r][d]);
+                    const float wv[4] = {w4.x, w4.y, w4.z, w4.w}, qv[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        vs[r][0] = fmaf(wv[u], sv[u].x, vs[r][0]);
+                        vs[r][1] = fmaf(wv[u], sv[u].y, vs[r][1]);
+                        vs[r][2] = fmaf(wv[u], sv[u].z, vs[r][2]);
+                        vs[r][3] = fmaf(wv[u], sv[u].w, vs[r][3]);
+                        acc[r][0] = fmaf(qv[u], sv[u].x, acc[r][0]);
+                        acc[r][1] = fmaf(qv[u], sv[u].y, acc[r][1]);
+                        acc[r][2] = fmaf(qv[u], sv[u].z, acc[r][2]);
+                        acc[r][3] = fmaf(qv[u], sv[u].w, acc[r][3]);
+                    }
                 }
             }
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int i = ti * 4 + r;
-                const float eg = expf(sm.gc[i]);
+            for (int r = 0; r < TR; ++r) {
+                const int i = ti * TR + r;
+                const float eg = sm.eg[i];
 #pragma unroll
                 for (int cc = 0; cc < 4; ++cc) {
                     sm.V[i][tj * 4 + cc] -= vs[r][cc];
@@ -388,13 +405,14 @@ __device__ __forceinline__ void chunk_impl(bf16* __restrict__ o, const bf16* __r
             }
         }
         __syncthreads();
-        // 5. O += P V', written out
-        if (tile_on) {
-            for (int j = 0; j < C; ++j) {
+        // 5. O += P V' (P is lower triangular: j up to the tile's last row), written out
+        {
+            const int jend = min(ti * TR + TR, Lc);
+            for (int j = 0; j < jend; ++j) {
                 const float4 vv = *reinterpret_cast<const float4*>(&sm.V[j][tj * 4]);
 #pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const float pv = sm.P[ti * 4 + r][j];
+                for (int r = 0; r < TR; ++r) {
+                    const float pv = sm.P[ti * TR + r][j];
                     acc[r][0] = fmaf(pv, vv.x, acc[r][0]);
                     acc[r][1] = fmaf(pv, vv.y, acc[r][1]);
                     acc[r][2] = fmaf(pv, vv.z, acc[r][2]);
@@ -402,39 +420,38 @@ __device__ __forceinline__ void chunk_impl(bf16* __restrict__ o, const bf16* __r
                 }
             }
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int i = ti * 4 + r;
+            for (int r = 0; r < TR; ++r) {
+                const int i = ti * TR + r;
                 if (i < Lc) {
                     bf16* orow = o + (size_t)(a + c0 + i) * ld_o + h * D + v0 + tj * 4;
                     *reinterpret_cast<uint2*>(orow) = make_uint2(pack2(acc[r][0], acc[r][1]), pack2(acc[r][2], acc[r][3]));
                 }
             }
         }
-        // 6. S = e^gc_last S + sum_i (e^(gc_last - gc_i) k_i) ⊗ V'_i: 8 rows x 4 columns per thread
-        if (tid < (D / 8) * (BV / 4)) {
+        // 6. S = e^gc_last S + sum_i (e^(gc_last - gc_i) k_i) ⊗ V'_i: SR rows x 4 columns per thread
+        {
             const int si = tid / (BV / 4), sj = tid % (BV / 4);
-            const float glast = sm.gc[C - 1];
-            float up[8][4] = {};
+            float up[SR][4] = {};
             for (int i = 0; i < Lc; ++i) {
-                const float ek = expf(glast - sm.gc[i]);
+                const float ek = sm.ek[i];
                 const float4 vv = *reinterpret_cast<const float4*>(&sm.V[i][sj * 4]);
 #pragma unroll
-                for (int r = 0; r < 8; ++r) {
-                    const float kv = sm.K[i][si * 8 + r] * ek;
+                for (int r = 0; r < SR; ++r) {
+                    const float kv = sm.K[i][si * SR + r] * ek;
                     up[r][0] = fmaf(kv, vv.x, up[r][0]);
                     up[r][1] = fmaf(kv, vv.y, up[r][1]);
                     up[r][2] = fmaf(kv, vv.z, up[r][2]);
                     up[r][3] = fmaf(kv, vv.w, up[r][3]);
                 }
             }
-            const float eg = expf(glast);
+            const float eg = sm.eg[C - 1];
             // every thread has finished reading S (step 4 ended at a barrier); each element of S is
             // read and written here by its owner only
 #pragma unroll
-            for (int r = 0; r < 8; ++r)
+            for (int r = 0; r < SR; ++r)
 #pragma unroll
                 for (int cc = 0; cc < 4; ++cc) {
-                    float& sv = sm.S[si * 8 + r][sj * 4 + cc];
+                    float& sv = sm.S[si * SR + r][sj * 4 + cc];
                     sv = fmaf(eg, sv, up[r][cc]);
                 }
         }
@@ -447,8 +464,9 @@ __device__ __forceinline__ void chunk_impl(bf16* __restrict__ o, const bf16* __r
 }
 
 // ------------------------------------------------------------------ gated delta rule, recurrent
-// One CTA of 2*D threads per (row, v-head); threads 2e and 2e+1 keep column e of S, rows
-// [0, D/2) and [D/2, D) (D/2 fp32 registers each), and walk the row's tokens (one for a decode row):
+// One CTA of D threads per (row, v-head, half of the value columns: blockIdx.z); threads 2c and
+// 2c+1 keep column e = z·D/2 + c of S, rows [0, D/2) and [D/2, D) (D/2 fp32 registers each), and
+// walk the row's tokens (one for a decode row):
 //   S *= e^g;  kv = Sᵀk;  δ = β (v - kv);  S += k ⊗ δ;  o = Sᵀq   (torch_recurrent_gated_delta_rule)
 template <int D, class ST>
 __device__ __forceinline__ void recurrent_impl(bf16* __restrict__ o, const bf16* __restrict__ y,
@@ -468,7 +486,7 @@ __device__ __forceinline__ void recurrent_impl(bf16* __restrict__ o, const bf16*
     const Layout<D, ST> L(hk, hv, num_layers);
     const int kh = h / (hv / hk);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int e = tid >> 1, d0 = (tid & 1) * H2;
+    const int e = blockIdx.z * (D / 2) + (tid >> 1), d0 = (tid & 1) * H2;
     const float scale = 1.f / sqrtf((float)D);
     const float Al = A_log[h], dtb = dt_bias[h];
     ST* Sg = L.rec(state, slot, layer, h);
@@ -587,7 +605,7 @@ __device__ __forceinline__ void norm_gated_impl(bf16* out, const bf16* x, const 
         gdn::chunk_impl<GDN_D, GDN_BV, ST>(o, y, b, a, A_log, dt_bias, state, query_start, positions, seq_slots,     \
                                            seqs, ld_y, ld_ab, ld_o, num_k_heads, num_v_heads, layer, num_layers);      \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(2 * GDN_D)                                                            \
+    extern "C" __global__ void __launch_bounds__(GDN_D)                                                                \
         gdn_recurrent_##SUF(bf16* o, const bf16* y, const bf16* b, const bf16* a, const float* A_log,                 \
                             const float* dt_bias, unsigned char* state, const int* query_start, const int* positions,   \
                             const int* seq_slots, int seqs, int ld_y, int ld_ab, int ld_o, int num_k_heads,             \

@@ -44,8 +44,8 @@ BV = 64  # value columns per gdn_chunk_* CTA (GDN_BV in gdn.cu; --bv for experim
 
 
 def chunk_smem(bv):
-    """sizeof(ChunkSmem<128, bv>): gdn_chunk_*'s dynamic shared memory (189184 for bv 64; KERNELS.md)."""
-    return 4 * (3 * 64 * (D + 4) + D * (bv + 4) + 64 * (bv + 4) + 2 * 64 * 68 + 3 * 64)
+    """sizeof(ChunkSmem<128, bv>): gdn_chunk_*'s dynamic shared memory (189696 for bv 64; KERNELS.md)."""
+    return 4 * (3 * 64 * (D + 4) + D * (bv + 4) + 64 * (bv + 4) + 2 * 64 * 68 + 5 * 64)
 
 
 CHUNK_SMEM = chunk_smem(BV)
@@ -224,7 +224,7 @@ class K:
         if kind == "chunk":
             self.launch(f"gdn_chunk_{suf}", (seqs, hv, D // BV), 256, args)
         else:
-            self.launch(f"gdn_recurrent_{suf}", (seqs, hv, 1), 2 * D, args)
+            self.launch(f"gdn_recurrent_{suf}", (seqs, hv, 2), D, args)
 
     def norm(self, out, x, z, w, n, heads, ld_x, ld_z, ld_out, eps=1e-6):
         self.launch("gdn_norm_gated", (n, cdiv(heads, 8), 1), 256,

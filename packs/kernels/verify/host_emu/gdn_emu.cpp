@@ -262,7 +262,7 @@ struct Runner {
                 }
             });
         } else {
-            emu_launch(uint3_{(unsigned)seqs, (unsigned)hv, 1}, 2 * D, [&] {
+            emu_launch(uint3_{(unsigned)seqs, (unsigned)hv, 2}, D, [&] {
                 if (use_entries) {
                     if constexpr (std::is_same_v<ST, float>)
                         gdn_recurrent_f32(O, Y, Bp, Ap, m.A_log.data(), m.dt_bias.data(), st, qs.data(), pos.data(),
@@ -532,7 +532,7 @@ void suite(Shape sh, const std::vector<int>& lens, const std::vector<int>& prefi
 }  // namespace
 
 int main() {
-    static_assert(sizeof(gdn::ChunkSmem<128, 64>) == 189184, "gdn_chunk_* dynamic shared memory (KERNELS.md)");
+    static_assert(sizeof(gdn::ChunkSmem<128, 64>) == 189696, "gdn_chunk_* dynamic shared memory (KERNELS.md)");
     // D = 64, BV = 32 (two column slices per CTA), 2 k-heads, 4 v-heads (GQA 2): prompt lengths 1,
     // 63, 64, 65, 300 (+ decode), cut into pieces of several sizes
     {
