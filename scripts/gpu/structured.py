@@ -69,7 +69,9 @@ forced = False
 print(f"  auto: finish {c.finish_reason}, content {c.message.content!r}, calls {[t.function for t in c.message.tool_calls or []]}")
 if not c.message.tool_calls:
     forced = True
-    r = client.chat.completions.create(model=model, messages=messages, tools=tools, tool_choice="required", max_tokens=200, temperature=0)
+    # One city, one call: a parallel grammar lets a small model repeat the call.
+    r = client.chat.completions.create(model=model, messages=messages, tools=tools, tool_choice="required", parallel_tool_calls=False,
+                                       max_tokens=200, temperature=0)
     c = r.choices[0]
     print(f"  required: finish {c.finish_reason}, calls {[t.function for t in c.message.tool_calls or []]}")
 calls = c.message.tool_calls or []
@@ -78,21 +80,36 @@ check("tool call parsed (" + ("forced by tool_choice required" if forced else "t
       repr(c))
 # Streamed: the same call from fragments.
 frag = {}
-for ch in client.chat.completions.create(model=model, messages=messages, tools=tools, tool_choice="required" if forced else "auto",
-                                         max_tokens=200, temperature=0, stream=True):
+extra = {"tool_choice": "required", "parallel_tool_calls": False} if forced else {}
+for ch in client.chat.completions.create(model=model, messages=messages, tools=tools, max_tokens=200, temperature=0, stream=True, **extra):
     for d in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
         n, a = frag.get(d.index, (None, ""))
         frag[d.index] = (d.function.name or n, a + (d.function.arguments or ""))
 check("streamed tool_calls reassemble to the same calls", [frag[i] for i in sorted(frag)] == [(t.function.name, t.function.arguments) for t in calls], f"{frag}")
-if calls:
+# The agent loop: run each call, send the results back, until the model answers in text — at
+# most 3 rounds with the tools offered; a model that keeps calling gets one last round without
+# them (as agent frameworks do for the answering turn). Which round answered is reported.
+answered, path = None, []
+for rnd in range(4):
+    if not calls:
+        break
     messages.append(c.message.model_dump(exclude_none=True))
     for t in calls:
         result = {"city": json.loads(t.function.arguments).get("city"), "temperature": 21, "unit": "celsius", "conditions": "sunny"} if t.function.name == "get_weather" else {"time": "14:05"}
         messages.append({"role": "tool", "tool_call_id": t.id, "content": json.dumps(result)})
-    r = client.chat.completions.create(model=model, messages=messages, tools=tools, max_tokens=120, temperature=0)
-    final = r.choices[0]
-    print(f"  final answer ({final.finish_reason}): {final.message.content!r}")
-    check("final answer after the tool result", final.finish_reason == "stop" and not final.message.tool_calls and "21" in (final.message.content or ""), repr(final))
+    offer = rnd < 3
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=120, temperature=0, **({"tools": tools} if offer else {}))
+    c = r.choices[0]
+    calls = c.message.tool_calls or []
+    # What the model saw and wrote (scripts/gpu/tool_answer_ref.py replays it in transformers).
+    results.setdefault("rounds", []).append({"messages": list(messages), "tools": tools if offer else None,
+                                              "text": r.choices[0].message.content, "calls": [t.function.model_dump() for t in calls]})
+    path.append(f"round {rnd + 1}{'' if offer else ' (no tools)'}: {c.finish_reason}, {len(calls)} call(s)")
+    print(f"  {path[-1]}: {c.message.content!r}")
+    if not calls:
+        answered = c
+check("final answer after the tool result (" + "; ".join(path) + ")",
+      answered is not None and answered.finish_reason == "stop" and "21" in (answered.message.content or ""), repr(answered or c))
 results["conversation"] = messages
 
 # ------------------------------------------------------------------- 2. JSON on real prompts
