@@ -35,14 +35,18 @@
 //! x2 → x in the MLP half; the last layer's residual stays in `x2`, where the final norm's
 //! gather reads it). Per layer:
 //!
-//! | op | computes | ≤ 8 tokens | > 8 tokens |
+//! | op | computes | ≤ t tokens | > t tokens |
 //! |---|---|---|---|
-//! | `o_proj` (the unfused op) | o = attn·Woᵀ | `gemv_bf16` | GEMM |
-//! | `postnorm_gate_up_proj` | x_out = x_in + post(o); h = pre(x_out); gate_up = h·Wguᵀ | `gemv_bf16_postnorm_rms` | `postnorm_add_rms_norm_f32_off`, GEMM |
-//! | `geglu_down_proj` | act = geglu(gate_up); mlp = act·Wdᵀ | `gemv_bf16_geglu` | `geglu_tanh`, GEMM |
-//! | `postnorm_qkv_proj` | x_out = x_in + post_ff(mlp); h = in′(x_out); qkv = h·W′ᵀ (+b′) | `gemv_bf16_postnorm_rms` | `postnorm_add_rms_norm_f32_off`, GEMM |
+//! | `o_proj` (the unfused op) | o = attn·Woᵀ | `gemv_bf16` | `gemv_bf16` / GEMM |
+//! | `postnorm_gate_up_proj` | x_out = x_in + post(o); h = pre(x_out); gate_up = h·Wguᵀ | `gemv_bf16_postnorm_rms` | `postnorm_add_rms_norm_f32_off`, `gemv_bf16` / GEMM |
+//! | `geglu_down_proj` | act = geglu(gate_up); mlp = act·Wdᵀ | `gemv_bf16_geglu` | `geglu_tanh`, `gemv_bf16` / GEMM |
+//! | `postnorm_qkv_proj` | x_out = x_in + post_ff(mlp); h = in′(x_out); qkv = h·W′ᵀ (+b′) | `gemv_bf16_postnorm_rms` | `postnorm_add_rms_norm_f32_off`, `gemv_bf16` / GEMM |
 //!
-//! (the last layer: `geglu_down_proj`, then the unfused `post_norm` of mlp). The unfused
+//! (the last layer: `geglu_down_proj`, then the unfused `post_norm` of mlp). t is
+//! [`SANDWICH_FUSED_MAX_TOKENS`], or 0 (never fused) for a prologue GEMV of more than
+//! [`POSTNORM_MAX_CTAS`] CTAs: measured on the H200, a fused GEMV pays its x operand's work in
+//! every CTA and its prologue once per wave, which beats the launches it saves only at one token
+//! and one wave (Gemma-3-4B: the QKV and the down fused, the gate-up not). The unfused
 //! program's post_norm → add_rms_norm pair is rowwise.cu's `rms_norm_off` → `add_rms_norm_f32_off`;
 //! `postnorm_add_rms_norm_f32_off` and `gemv_bf16_postnorm_rms` give their bits (the
 //! intermediate o_norm / mlp_norm of a non-last layer is not written).
@@ -194,7 +198,7 @@ pub(crate) fn ops(s: &Sizes, gemm_launches: impl Fn(u64, u64) -> Vec<Value>) -> 
         l
     };
     if s.sandwich {
-        return sandwich_ops(s, &gemm_launches, &rms, &rms_norm, &down);
+        return sandwich_ops(s, &gemm_launches, &rms, &rms_norm);
     }
 
     let mut ops = Map::new();
@@ -246,20 +250,79 @@ fn down_op(launches: Vec<Value>) -> Value {
     json!({"params": ["in buffer<bf16>", "out buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32"], "impl": {"launches": launches}})
 }
 
+/// gemv_bf16's CTAs in one wave on the H200 (2 per SM × 132 SMs). A sandwich prologue GEMV
+/// (`gemv_bf16_postnorm_rms`) pays its two-round norm prologue once per wave of CTAs before their
+/// weight loads; measured on the H200 (2026-12-03, fused_verify.py, GEMM.md), it beats the two
+/// row-wise launches it replaces only when its grid is one wave (Gemma-3-4B's QKV, 256 CTAs:
+/// −4.3 µs with the GeGLU down at batch 1) and loses when it is several (4B's gate-up, 1280 CTAs:
+/// +18.7 µs). Above this the op runs `postnorm_add_rms_norm_f32_off` and the plain GEMV instead.
+pub const POSTNORM_MAX_CTAS: u64 = 264;
+
+/// The most tokens for which the sandwich ops launch their fused GEMVs (`gemv_bf16_postnorm_rms`,
+/// `gemv_bf16_geglu`): every CTA computes the x operand of all the step's tokens, so the fused
+/// GEMVs' extra work grows with the tokens while the launches they save do not (H200: the GeGLU
+/// down + QKV group wins at 1 token and loses at 4). Larger steps run the row-wise kernels and
+/// the plain GEMV — the same bits, as at every step size.
+pub const SANDWICH_FUSED_MAX_TOKENS: u64 = 1;
+
 /// The sandwich block's ops (module docs, second table): `norm_qkv_proj` (layer 0),
 /// `postnorm_gate_up_proj`, `geglu_down_proj` / `swiglu_down_proj`, `postnorm_qkv_proj`; the O
-/// projection and the last layer's post-feedforward norm are the unfused program's ops.
+/// projection and the last layer's post-feedforward norm are the unfused program's ops. Each op
+/// launches its fused GEMV for 1..t tokens and the row-wise kernel with the plain GEMV / GEMM
+/// above (t = [`SANDWICH_FUSED_MAX_TOKENS`], or 0 for a prologue GEMV of more than
+/// [`POSTNORM_MAX_CTAS`] CTAs).
 fn sandwich_ops(
     s: &Sizes,
     gemm_launches: &impl Fn(u64, u64) -> Vec<Value>,
     rms: &impl Fn(usize, usize, usize, usize, Value, usize, usize, u64) -> Value,
     rms_norm: &impl Fn(usize, usize, usize, usize) -> Value,
-    down: &impl Fn(usize, usize, usize, usize, usize) -> Vec<Value>,
 ) -> Map<String, Value> {
     let off = s.norm_off.expect("sandwich ops need the (off + w) norms (fusion_supported)");
-    let (h, eps) = (s.h, s.eps);
+    let (h, i, eps) = (s.h, s.i, s.eps);
     let large_steps = s.max_tokens > FUSED_MAX_TOKENS;
     let when_large = |ls: Vec<Value>| if large_steps { ls } else { vec![] };
+    // 1 when 1 <= tokens <= t; 1 when tokens > t.
+    let upto = |t: u64| format!("max(0, min(1, tokens)) * max(0, min(1, {} - tokens))", t + 1);
+    let above = |t: u64| if t == 0 { "1".to_string() } else { format!("max(0, min(1, tokens - {t}))") };
+    // The fused GEMV for 1..t tokens (none for t = 0).
+    let fused = |entry: &str, params: &[&str], n: u64, args: Vec<Value>, t: u64| -> Vec<Value> {
+        if t == 0 {
+            return vec![];
+        }
+        let mut l = gemv(entry, params, n, args);
+        l["grid"][0] = json!(format!("ceil({n}/16) * {}", upto(t)));
+        vec![l]
+    };
+    // A row-wise launch for tokens > t (only where such steps exist).
+    let row = |entry: &str, params: &[&str], block: u64, args: Vec<Value>, t: u64| -> Vec<Value> {
+        if s.max_tokens <= t {
+            return vec![];
+        }
+        let mut l = rowwise(entry, params, block, args);
+        l["grid"][0] = json!(if t == 0 { "tokens".to_string() } else { format!("tokens * {}", above(t)) });
+        vec![l]
+    };
+    // gemm_launches for tokens > t: its GEMV launch (1..8 rows) gated by tokens > t, or dropped
+    // when t covers its whole bucket.
+    let gemm_above = |launches: Vec<Value>, with: [Value; 5], t: u64| -> Vec<Value> {
+        if t >= FUSED_MAX_TOKENS {
+            return gemm(launches, with);
+        }
+        let mut out = launches;
+        for l in &mut out {
+            for a in l["args"].as_array_mut().expect("args") {
+                if let Some(k) = a.get("param").and_then(Value::as_u64) {
+                    *a = with[k as usize].clone();
+                }
+            }
+            if l["entry"] == "gemv_bf16" && t > 0 {
+                let g = l["grid"][0].as_str().expect("grid").to_string();
+                l["grid"][0] = json!(format!("{g} * {}", above(t)));
+            }
+        }
+        out
+    };
+    let per_wave = |n: u64| if n.div_ceil(16) <= POSTNORM_MAX_CTAS { SANDWICH_FUSED_MAX_TOKENS } else { 0 };
     let mut ops = Map::new();
     // [out h, in x, in w, in Wqkv, ptr bias, out qkv, tokens] (layer 0: x from the embedding)
     let mut l = vec![rms(1, 2, 0, 3, p(4), 5, 6, s.qkv)];
@@ -272,25 +335,33 @@ fn sandwich_ops(
     // [in o, in x_in, in w_post, out x_out, in w_pre, out h, in W, ptr bias, out y, tokens]: x_out =
     // x_in + post(o); h = pre(x_out); y = h·Wᵀ (+bias). N: the projection's rows.
     let postnorm = |n: u64| {
-        let mut l = vec![gemv(
+        let t = per_wave(n);
+        let mut l = fused(
             POSTNORM_ENTRY,
             &POSTNORM,
             n,
             vec![p(1), p(0), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), json!({"i32": n}), json!({"i32": h}), json!({"f32": eps}), json!({"f32": off})],
-        )];
-        l.extend(when_large(vec![rowwise(
+            t,
+        );
+        l.extend(row(
             "postnorm_add_rms_norm_f32_off",
             &POSTNORM_ROW,
             128,
             vec![p(5), p(3), p(1), p(0), p(2), p(4), p(9), json!({"i32": h}), json!({"f32": eps}), json!({"f32": off})],
-        )]));
-        l.extend(gemm(gemm_launches(n, h), [p(5), p(6), p(7), p(8), p(9)]));
+            t,
+        ));
+        l.extend(gemm_above(gemm_launches(n, h), [p(5), p(6), p(7), p(8), p(9)], t));
         json!({"params": ["in buffer<bf16>", "in buffer<f32>", "in buffer<bf16>", "out buffer<f32>", "in buffer<bf16>", "out buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"],
                "impl": {"launches": l}})
     };
-    ops.insert("postnorm_gate_up_proj".into(), postnorm(2 * s.i));
+    ops.insert("postnorm_gate_up_proj".into(), postnorm(2 * i));
     ops.insert("postnorm_qkv_proj".into(), postnorm(s.qkv));
     // [in gate_up, out act, in Wd, out mlp, tokens]
-    ops.insert(down_op_name(s), down_op(down(1, 0, 2, 3, 4)));
+    let (act_row, act) = if s.gelu { ("geglu_tanh", "geglu") } else { ("swiglu", "swiglu") };
+    let t = SANDWICH_FUSED_MAX_TOKENS;
+    let mut l = fused(&format!("gemv_bf16_{act}"), &SWIGLU, h, vec![p(0), p(1), p(2), null(), p(3), p(4), json!({"i32": h}), json!({"i32": i})], t);
+    l.extend(row(act_row, &SWIGLU_ROW, 256, vec![p(1), p(0), p(4), json!({"i32": i})], t));
+    l.extend(gemm_above(gemm_launches(h, i), [p(1), p(2), null(), p(3), p(4)], t));
+    ops.insert(down_op_name(s), down_op(l));
     ops
 }

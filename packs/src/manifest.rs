@@ -75,7 +75,10 @@ pub struct PackOptions {
     /// `--residual bf16` or `--tp` the manifest keeps the unfused program. `false`: the unfused
     /// program everywhere, the default: measured on the H200 (2026-12-02, fused_verify.py and
     /// `kern bench`), the fused GEMVs are slower than the launches they save (Qwen3-4B batch 1:
-    /// 3.772 ms fused vs 3.382 ms unfused; GEMM.md "Fused decode GEMVs").
+    /// 3.772 ms fused vs 3.382 ms unfused; GEMM.md "Fused decode GEMVs"). Blocks with four
+    /// (1 + w) norms and GeGLU (Gemma 3, issue 24) get the sandwich ops of [`crate::fused`]: the
+    /// post-norm, residual add and next pre-norm in the next GEMV's prologue (one-token steps and
+    /// one-wave GEMVs), else in one row-wise launch; the residual ping-pongs between `x` and `x2`.
     pub decode_fusion: bool,
     /// GGUF-native weights (issue 25, [`crate::quant`]): the block dtype of each checkpoint
     /// tensor (by its name in the file) that may stay in its blocks. Empty: every weight is

@@ -7,7 +7,7 @@
 
 use kern_manifest::{load, CheckOptions, Manifest};
 use kern_packs::config::preset;
-use kern_packs::fused::FUSED_MAX_TOKENS;
+use kern_packs::fused::{FUSED_MAX_TOKENS, POSTNORM_MAX_CTAS, SANDWICH_FUSED_MAX_TOKENS};
 use kern_packs::{generate, DecodeAttention, Draft, DraftKind, PackOptions, PrefillAttention, Residual};
 mod common;
 use common::kernels;
@@ -164,37 +164,33 @@ fn fused_program_variants_pass_kern_check_and_unfusable_ones_stay_unfused() {
 const SANDWICH_OPS: [&str; 6] = ["norm_qkv_proj", "o_proj", "postnorm_gate_up_proj", "geglu_down_proj", "postnorm_qkv_proj", "post_norm"];
 const SANDWICH_UNUSED: [&str; 6] = ["rms_norm", "add_rms_norm", "qkv_proj", "gate_up_proj", "down_proj", "geglu_tanh"];
 
-/// The unfused Gemma launch sequence of a step of at most 8 tokens with each fused group
-/// replaced by its fused GEMV: what the fused sandwich program must launch.
-fn fuse_sandwich(unfused: &[String]) -> Vec<String> {
+/// The unfused Gemma launch sequence of a step of `tokens` tokens with each group the fused
+/// sandwich program replaces: what it must launch. Up to SANDWICH_FUSED_MAX_TOKENS tokens the
+/// post-norm + add-norm + GEMV triples become `gemv_bf16_postnorm_rms` where that GEMV's grid is one
+/// wave (`fuse_gu`: the gate-up's; `fuse_qkv`: the next QKV's), the GeGLU + down pair
+/// `gemv_bf16_geglu`; every other post-norm + add-norm pair becomes `postnorm_add_rms_norm_f32_off`;
+/// up to 8 tokens layer 0's norm + QKV is `gemv_bf16_rms_off`.
+fn fuse_sandwich(unfused: &[String], tokens: i64, fuse_gu: bool, fuse_qkv: bool) -> Vec<String> {
+    let small = tokens as u64 <= SANDWICH_FUSED_MAX_TOKENS;
     let mut out: Vec<String> = Vec::new();
-    let mut i = 0;
+    let (mut i, mut pairs) = (0, 0);
     let at = |i: usize, e: &str| unfused.get(i).is_some_and(|x| x == e);
     while i < unfused.len() {
-        if at(i, "rms_norm_f32_off") && at(i + 1, "gemv_bf16") {
+        if tokens as u64 <= FUSED_MAX_TOKENS && at(i, "rms_norm_f32_off") && at(i + 1, "gemv_bf16") {
             out.push("gemv_bf16_rms_off".into()); // layer 0's input norm + QKV
             i += 2;
-        } else if at(i, "rms_norm_off") && at(i + 1, "add_rms_norm_f32_off") && at(i + 2, "gemv_bf16") {
-            out.push("gemv_bf16_postnorm_rms".into()); // post-norm + add + pre-norm + gate-up / next QKV
-            i += 3;
-        } else if at(i, "geglu_tanh") && at(i + 1, "gemv_bf16") {
+        } else if at(i, "rms_norm_off") && at(i + 1, "add_rms_norm_f32_off") {
+            let fuse = if pairs % 2 == 0 { fuse_gu } else { fuse_qkv }; // gate-up, next QKV, gate-up, ...
+            pairs += 1;
+            if small && fuse && at(i + 2, "gemv_bf16") {
+                out.push("gemv_bf16_postnorm_rms".into());
+                i += 3;
+            } else {
+                out.push("postnorm_add_rms_norm_f32_off".into());
+                i += 2;
+            }
+        } else if small && at(i, "geglu_tanh") && at(i + 1, "gemv_bf16") {
             out.push("gemv_bf16_geglu".into()); // GeGLU + down
-            i += 2;
-        } else {
-            out.push(unfused[i].clone());
-            i += 1;
-        }
-    }
-    out
-}
-
-/// Above 8 tokens: the unfused sequence with each post-norm + add-norm pair in one row-wise launch.
-fn fuse_sandwich_large(unfused: &[String]) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < unfused.len() {
-        if unfused[i] == "rms_norm_off" && unfused.get(i + 1).is_some_and(|x| x == "add_rms_norm_f32_off") && i + 2 < unfused.len() && unfused[i + 2] != "gemv_bf16_f32out" {
-            out.push("postnorm_add_rms_norm_f32_off".into());
             i += 2;
         } else {
             out.push(unfused[i].clone());
@@ -254,32 +250,41 @@ fn fused_sandwich_program_launches_the_fused_gemvs_up_to_8_tokens_and_the_unfuse
         }
         assert!(fused.buffer("x2").is_some() && unfused.buffer("x2").is_none(), "{name}: the second residual buffer");
         check_residual_ping_pong(&fused, "main", name);
+        // The prologue GEMV is fused where its grid is one wave (270M's gate-up and QKV, 4B's QKV).
+        let one_wave = |n: u64| n.div_ceil(16) <= POSTNORM_MAX_CTAS;
+        let (fuse_gu, fuse_qkv) = (one_wave(2 * cfg.intermediate_size), one_wave((cfg.num_attention_heads + 2 * cfg.kv_heads()) * cfg.head_dim()));
+        assert_eq!((fuse_gu, fuse_qkv), (name == "gemma-3-270m", true), "{name}");
         for (tokens, seqs) in [(1, 1), (2, 2), (5, 3), (8, 8), (8, 1), (9, 9), (16, 4), (17, 17), (33, 40), (64, 64), (65, 2), (256, 1)] {
             let (f, u) = (live(&fused, "main", tokens, seqs), live(&unfused, "main", tokens, seqs));
-            if tokens as u64 <= FUSED_MAX_TOKENS {
-                assert_eq!(f, fuse_sandwich(&u), "{name}: tokens {tokens} seqs {seqs}");
-                // layer 0's norm; per layer post-norm + add + norm (2) and GeGLU (1); per layer but
-                // the last the post-feedforward pair (2)
-                assert_eq!(u.len() - f.len(), 5 * layers - 1, "{name}: five launches fewer per layer");
+            assert_eq!(f, fuse_sandwich(&u, tokens, fuse_gu, fuse_qkv), "{name}: tokens {tokens} seqs {seqs}");
+            if tokens as u64 <= SANDWICH_FUSED_MAX_TOKENS {
+                // layer 0's norm; per layer the post-attention pair (+ gate-up when fused) and GeGLU;
+                // per layer but the last the post-feedforward pair (+ QKV when fused)
+                let want = 1 + layers * (2 + usize::from(fuse_gu)) + (layers - 1) * (1 + usize::from(fuse_qkv));
+                assert_eq!(u.len() - f.len(), want, "{name}: tokens {tokens}");
                 for gone in ["rms_norm_f32_off", "add_rms_norm_f32_off", "geglu_tanh"] {
                     let want = usize::from(gone == "add_rms_norm_f32_off"); // the final norm
                     assert_eq!(f.iter().filter(|e| *e == gone).count(), want, "{name}: tokens {tokens}: {gone}: {f:?}");
                 }
                 assert_eq!(f.iter().filter(|e| *e == "rms_norm_off").count(), 1, "{name}: only the last layer's post-feedforward norm is row-wise");
             } else {
-                assert_eq!(f, fuse_sandwich_large(&u), "{name}: tokens {tokens} seqs {seqs}: the unfused kernels, each norm pair in one launch");
                 assert_eq!(f.iter().filter(|e| *e == "postnorm_add_rms_norm_f32_off").count(), 2 * layers - 1, "{name}: tokens {tokens}");
+                assert_eq!(u.len() - f.len(), 2 * layers - 1 + usize::from(tokens as u64 <= FUSED_MAX_TOKENS), "{name}: tokens {tokens}");
             }
         }
-        // Batch 1, per layer: the next QKV (the sandwich prologue), RoPE, the two split-attention
-        // kernels, O, gate-up (the sandwich prologue), GeGLU + down — 7 launches instead of 12.
+        // Batch 1, per layer: the next QKV, RoPE, the two split-attention kernels, O, gate-up (with
+        // the row-wise post-norm pair where the gate-up GEMV is more than a wave), GeGLU + down —
+        // 7 or 8 launches instead of 12.
         let (f1, u1) = (live(&fused, "main", 1, 1), live(&unfused, "main", 1, 1));
         let per = |v: &[String], e: &str| v.iter().filter(|x| *x == e).count();
-        assert_eq!(per(&f1, "gemv_bf16_postnorm_rms"), 2 * layers - 1, "{name}");
+        let fused_postnorm = layers * usize::from(fuse_gu) + (layers - 1) * usize::from(fuse_qkv);
+        assert_eq!(per(&f1, "gemv_bf16_postnorm_rms"), fused_postnorm, "{name}");
+        assert_eq!(per(&f1, "postnorm_add_rms_norm_f32_off"), 2 * layers - 1 - fused_postnorm, "{name}");
         assert_eq!(per(&f1, "gemv_bf16_geglu"), layers, "{name}");
-        assert_eq!(per(&f1, "gemv_bf16"), layers, "{name}: the O projections");
+        assert_eq!(per(&f1, "gemv_bf16"), layers + 2 * layers - 1 - fused_postnorm, "{name}: the O projections and the unfused prologues' GEMVs");
         let layer = |v: &[String]| (v.len() - per(v, "embedding_f32") - 5) as f64 / layers as f64; // minus embedding, gathers, final norm, LM head, sample
-        assert!(layer(&u1) >= 11.9 && layer(&f1) <= 7.1, "{name}: launches per layer {} -> {}: {f1:?}", layer(&u1), layer(&f1));
+        let want = if fuse_gu { 7.1 } else { 8.1 };
+        assert!(layer(&u1) >= 11.9 && layer(&f1) <= want, "{name}: launches per layer {} -> {}: {f1:?}", layer(&u1), layer(&f1));
         // The fused GEMVs run gemv_bf16's grid (ceil(N/16) CTAs of 256 threads).
         let mut v = fused.vars_at_max();
         v[fused.var("tokens").unwrap().0] = 1;
@@ -343,7 +348,8 @@ fn fused_sandwich_variants_pass_kern_check_and_unfusable_ones_stay_unfused() {
             }
             if what == "8 tokens at most" {
                 let entries: Vec<&str> = m.ops.iter().flat_map(|op| &op.launches).map(|l| l.entry.as_str()).collect();
-                assert!(!entries.contains(&"postnorm_add_rms_norm_f32_off") && !entries.contains(&"geglu_tanh"), "{name}: no row-wise launch of large steps: {entries:?}");
+                assert!(entries.contains(&"gemv_bf16_geglu") && entries.contains(&"gemv_bf16_postnorm_rms"), "{name}: {entries:?}");
+                assert!(!entries.iter().any(|e| e.starts_with("gemm_")), "{name}: no GEMM of more than 8 rows: {entries:?}");
             }
         }
     }

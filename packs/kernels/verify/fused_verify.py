@@ -562,7 +562,7 @@ class Run:
             Ws = [dict(qkv=self.bf(QKV, H, scale=0.05), o=self.bf(H, A, scale=0.05), gu=self.bf(2 * I, H, scale=0.05),
                        d=self.bf(H, I, scale=0.05)) for _ in range(copies)]
             wa, wb = self.norm_w0(H), self.norm_w0(H)
-            for M in (1, 4, 8):
+            for M in (1, 2, 4, 8):
                 x, x2 = self.residual(M, H), self.residual(M, H)
                 attn, gu = self.bf(M, A), self.gate_up(M, I)
                 h, qkv, o, on, gu_o, act, mlp = (torch.empty(M, n, dtype=torch.bfloat16, device=self.dev) for n in (H, QKV, H, H, 2 * I, I, H))
@@ -581,6 +581,18 @@ class Run:
                     "post-norm pair vs the row-wise entry": (
                         [[lambda: k.rms_norm_off(on, o, wa, M, H, off), lambda: k.add_rms_norm_off(h, x, on, wb, M, H, off)]],
                         [[lambda: k.postnorm_row(h, x2, x, o, wa, wb, M, H, off)]]),
+                    "o+gate_up, the row-wise entry": (
+                        [[lambda W=W: k.gemv(attn, W["o"], None, o, M, H, A), lambda W=W: k.rms_norm_off(on, o, wa, M, H, off),
+                          lambda W=W: k.add_rms_norm_off(h, x, on, wb, M, H, off), lambda W=W: k.gemv(h, W["gu"], None, gu_o, M, 2 * I, H)] for W in Ws],
+                        [[lambda W=W: k.gemv(attn, W["o"], None, o, M, H, A), lambda W=W: k.postnorm_row(h, x2, x, o, wa, wb, M, H, off),
+                          lambda W=W: k.gemv(h, W["gu"], None, gu_o, M, 2 * I, H)] for W in Ws]),
+                    "down (GeGLU)": (
+                        [[lambda W=W: k.geglu(act, gu, M, I), lambda W=W: k.gemv(act, W["d"], None, mlp, M, H, I)] for W in Ws],
+                        [[lambda W=W: k.gemv_geglu(gu, act, W["d"], None, mlp, M, H, I)] for W in Ws]),
+                    "post-norm pair + qkv": (
+                        [[lambda W=W: k.rms_norm_off(on, mlp, wa, M, H, off), lambda W=W: k.add_rms_norm_off(h, x, on, wb, M, H, off),
+                          lambda W=W: k.gemv(h, W["qkv"], None, qkv, M, QKV, H)] for W in Ws],
+                        [[lambda W=W: k.gemv_postnorm(x2, mlp, wa, x, wb, h, W["qkv"], None, qkv, M, QKV, H, off)] for W in Ws]),
                     "down+qkv (sandwich)": (
                         [[lambda W=W: k.geglu(act, gu, M, I), lambda W=W: k.gemv(act, W["d"], None, mlp, M, H, I),
                           lambda W=W: k.rms_norm_off(on, mlp, wa, M, H, off), lambda W=W: k.add_rms_norm_off(h, x, on, wb, M, H, off),
