@@ -27,7 +27,7 @@ using namespace kern;
 #define GDN_KW 4            // conv kernel width (Qwen3-Next / Qwen3.5: 4)
 #define GDN_C 64            // chunk length of the chunked form
 #define GDN_CHUNK_THREADS 256
-#define GDN_CONV_THREADS 128  // 2 channels per thread: 256 channels per CTA
+#define GDN_CONV_THREADS 128  // gdn_conv: 8 channels per thread (1024 per CTA); gdn_conv_state: 2 (256)
 #define GDN_CONV_TOKENS 16    // tokens per CTA of gdn_conv
 #define GDN_NORM_THREADS 256  // 8 warps, one (token, head) each
 
@@ -86,7 +86,15 @@ __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
 // ------------------------------------------------------------------ causal conv1d (+ SiLU)
 // y[t, c] = bf16(silu(bf16(sum_j w[c, j] * in[t - (KW-1) + j, c]))) where `in` is the row's
 // inputs preceded by its conv state (zeros when the row starts at position 0). The conv state is
-// read only; gdn_conv_state writes it afterwards.
+// read only; gdn_conv_state writes it afterwards. A thread takes 8 channels (16-byte loads) over
+// GDN_CONV_TOKENS consecutive tokens of the step, keeping the last KW-1 inputs in registers (one
+// load per token; the window is refilled at a row's first token and at the tile's first token).
+__device__ __forceinline__ void load8(float (&v)[8], const bf16* p) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const float2 a = unpack2(u.x), b2 = unpack2(u.y), c = unpack2(u.z), d = unpack2(u.w);
+    v[0] = a.x, v[1] = a.y, v[2] = b2.x, v[3] = b2.y, v[4] = c.x, v[5] = c.y, v[6] = d.x, v[7] = d.y;
+}
+
 template <int D, class ST>
 __device__ __forceinline__ void conv_impl(bf16* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w,
                                           unsigned char* state, const int* __restrict__ query_start,
@@ -94,41 +102,78 @@ __device__ __forceinline__ void conv_impl(bf16* __restrict__ y, const bf16* __re
                                           int seqs, int tokens, int ld_x, int ld_y, int hk, int hv, int layer,
                                           int num_layers) {
     const Layout<D, ST> L(hk, hv, num_layers);
-    const int c = (blockIdx.x * GDN_CONV_THREADS + threadIdx.x) * 2;
+    const int c = (blockIdx.x * GDN_CONV_THREADS + threadIdx.x) * 8;
     if (c >= L.conv_dim) return;
-    float w0[GDN_KW], w1[GDN_KW];
+    float wt[GDN_KW][8];
 #pragma unroll
-    for (int j = 0; j < GDN_KW; ++j) {
-        w0[j] = f(w[(size_t)c * GDN_KW + j]);
-        w1[j] = f(w[(size_t)(c + 1) * GDN_KW + j]);
-    }
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < GDN_KW; ++j) wt[j][i] = f(w[(size_t)(c + i) * GDN_KW + j]);
     const int t0 = blockIdx.y * GDN_CONV_TOKENS;
-    for (int t = t0; t < t0 + GDN_CONV_TOKENS && t < tokens; ++t) {
-        const int s = row_of(query_start, seqs, t);
-        const int slot = s >= 0 ? seq_slots[s] : -1;
-        if (slot < 0) {  // padded token or row: zeros in y, nothing else
-            *reinterpret_cast<uint32_t*>(y + (size_t)t * ld_y + c) = 0u;
+    if (t0 >= tokens) return;
+    const int end = query_start[seqs];
+    int s = row_of(query_start, seqs, t0);
+    uint4 xr[GDN_CONV_TOKENS];  // the tile's inputs, all loads issued before any is used
+#pragma unroll
+    for (int u = 0; u < GDN_CONV_TOKENS; ++u) {
+        const int t = t0 + u;
+        xr[u] = t < end ? *reinterpret_cast<const uint4*>(x + (size_t)t * ld_x + c) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    float win[GDN_KW - 1][8];  // inputs t-3, t-2, t-1
+    int have = -1;             // the row whose window is loaded
+#pragma unroll
+    for (int u = 0; u < GDN_CONV_TOKENS; ++u) {
+        const int t = t0 + u;
+        if (t >= tokens) break;
+        uint4* yp = reinterpret_cast<uint4*>(y + (size_t)t * ld_y + c);
+        if (t >= end || s < 0) {  // padded token: zeros
+            *yp = make_uint4(0u, 0u, 0u, 0u);
+            continue;
+        }
+        while (t >= query_start[s + 1]) ++s;  // next non-empty row (t < end: terminates)
+        const int slot = seq_slots[s];
+        if (slot < 0) {
+            *yp = make_uint4(0u, 0u, 0u, 0u);
             continue;
         }
         const int a = query_start[s];
-        const bool fresh = positions[a] == 0;
-        const bf16* cs = L.conv(state, slot, layer);
-        float acc0 = 0.f, acc1 = 0.f;
+        if (have != s) {  // (re)fill the window: inputs t-3 .. t-1 from x, the conv state or zeros
+            const bool fresh = positions[a] == 0;
+            const bf16* cs = L.conv(state, slot, layer);
 #pragma unroll
-        for (int j = 0; j < GDN_KW; ++j) {
-            const int idx = t - (GDN_KW - 1) + j;
-            float2 v;
-            if (idx >= a) {
-                v = unpack2(*reinterpret_cast<const uint32_t*>(x + (size_t)idx * ld_x + c));
-            } else if (fresh) {
-                v = make_float2(0.f, 0.f);
-            } else {  // conv state row (KW-1) - (a - idx)
-                v = unpack2(*reinterpret_cast<const uint32_t*>(cs + (size_t)((GDN_KW - 1) - (a - idx)) * L.conv_dim + c));
+            for (int j = 0; j < GDN_KW - 1; ++j) {
+                const int idx = t - (GDN_KW - 1) + j;
+                if (idx >= a) load8(win[j], x + (size_t)idx * ld_x + c);
+                else if (fresh) {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) win[j][i] = 0.f;
+                } else {
+                    load8(win[j], cs + (size_t)((GDN_KW - 1) - (a - idx)) * L.conv_dim + c);
+                }
             }
-            acc0 = fmaf(w0[j], v.x, acc0);
-            acc1 = fmaf(w1[j], v.y, acc1);
+            have = s;
         }
-        *reinterpret_cast<uint32_t*>(y + (size_t)t * ld_y + c) = pack2(silu(rb(acc0)), silu(rb(acc1)));
+        float cur[8];
+        {
+            const float2 p0 = unpack2(xr[u].x), p1 = unpack2(xr[u].y), p2 = unpack2(xr[u].z), p3 = unpack2(xr[u].w);
+            cur[0] = p0.x, cur[1] = p0.y, cur[2] = p1.x, cur[3] = p1.y, cur[4] = p2.x, cur[5] = p2.y, cur[6] = p3.x, cur[7] = p3.y;
+        }
+        float out[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            float acc = 0.f;
+#pragma unroll
+            for (int j = 0; j < GDN_KW - 1; ++j) acc = fmaf(wt[j][i], win[j][i], acc);
+            acc = fmaf(wt[GDN_KW - 1][i], cur[i], acc);
+            out[i] = silu(rb(acc));
+        }
+        *yp = make_uint4(pack2(out[0], out[1]), pack2(out[2], out[3]), pack2(out[4], out[5]), pack2(out[6], out[7]));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+#pragma unroll
+            for (int j = 0; j < GDN_KW - 2; ++j) win[j][i] = win[j + 1][i];
+            win[GDN_KW - 2][i] = cur[i];
+        }
     }
 }
 
@@ -139,7 +184,7 @@ __device__ __forceinline__ void conv_state_impl(const bf16* __restrict__ x, unsi
                                                 const int* __restrict__ seq_slots, int seqs, int ld_x, int hk, int hv,
                                                 int layer, int num_layers) {
     const Layout<D, ST> L(hk, hv, num_layers);
-    const int c = (blockIdx.x * GDN_CONV_THREADS + threadIdx.x) * 2;
+    const int c = (blockIdx.x * GDN_CONV_THREADS + threadIdx.x) * 2;  // 256 channels per CTA
     const int s = blockIdx.y;
     if (c >= L.conv_dim || s >= seqs) return;
     const int slot = seq_slots[s];
@@ -577,10 +622,10 @@ __device__ __forceinline__ void norm_gated_impl(bf16* out, const bf16* x, const 
 
 // ================================================================== entries (D = 128)
 #define GDN_D 128
-#define GDN_BV 64
+#define GDN_BV 32  // value columns per gdn_chunk CTA (grid z = D / GDN_BV = 4)
 
 #define GDN_STATE_ENTRIES(SUF, ST)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS)                                                     \
+    extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS, 3)                                                  \
         gdn_conv_##SUF(bf16* y, const bf16* x, const bf16* w, unsigned char* state, const int* query_start,           \
                        const int* positions, const int* seq_slots, int seqs, int tokens, int ld_x, int ld_y,            \
                        int num_k_heads, int num_v_heads, int layer, int num_layers) {                                  \

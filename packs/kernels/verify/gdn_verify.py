@@ -40,11 +40,11 @@ import time
 
 KW = 4
 D = 128
-BV = 64  # value columns per gdn_chunk_* CTA (GDN_BV in gdn.cu; --bv for experiments with other builds)
+BV = 32  # value columns per gdn_chunk_* CTA (GDN_BV in gdn.cu; --bv for experiments with other builds)
 
 
 def chunk_smem(bv):
-    """sizeof(ChunkSmem<128, bv>): gdn_chunk_*'s dynamic shared memory (189696 for bv 64; KERNELS.md)."""
+    """sizeof(ChunkSmem<128, bv>): gdn_chunk_*'s dynamic shared memory (165120 for bv 32; KERNELS.md)."""
     return 4 * (3 * 64 * (D + 4) + D * (bv + 4) + 64 * (bv + 4) + 2 * 64 * 68 + 5 * 64)
 
 
@@ -207,7 +207,7 @@ class K:
     # the manifest's recipes (KERNELS.md)
     def conv(self, suf, y, x, w, state, qs, pos, slots, seqs, tokens, ld_x, ld_y, hk, hv, layer, nl):
         C = (2 * hk + hv) * D
-        self.launch(f"gdn_conv_{suf}", (cdiv(C, 256), cdiv(tokens, 16), 1), 128,
+        self.launch(f"gdn_conv_{suf}", (cdiv(C, 1024), cdiv(tokens, 16), 1), 128,
                     (self.p(y), self.p(x), self.p(w), self.p(state), self.p(qs), self.p(pos), self.p(slots), self.i(seqs),
                      self.i(tokens), self.i(ld_x), self.i(ld_y), self.i(hk), self.i(hv), self.i(layer), self.i(nl)))
 
@@ -402,20 +402,22 @@ class Run:
 
     # -------------------------------------------------------------- timing
     def time_us(self, fn, reps=20):
+        """Mean µs of one call over `reps` back-to-back launches (3 timed batches, the best), so host
+        launch overhead does not count."""
         torch = self.torch
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        ts = []
-        for _ in range(reps):
+        best = float("inf")
+        for _ in range(3):
             e0.record()
-            fn()
+            for _ in range(reps):
+                fn()
             e1.record()
             e1.synchronize()
-            ts.append(e0.elapsed_time(e1) * 1e3)
-        ts.sort()
-        return ts[len(ts) // 2]
+            best = min(best, e0.elapsed_time(e1) * 1e3 / reps)
+        return best
 
     def bench(self):
         torch, k = self.torch, self.k
@@ -432,7 +434,7 @@ class Run:
         qs = torch.tensor([0, T], dtype=torch.int32, device=dev)
         pos = torch.arange(T, dtype=torch.int32, device=dev)
         slots = torch.zeros(1, dtype=torch.int32, device=dev)
-        us = self.time_us(lambda: k.delta("chunk", "f32", o, y, ab, ab[:, hv:], A_log, dt_bias, state, qs, pos, slots, 1, C,
+        us = self.time_us(reps=3, fn=lambda: k.delta("chunk", "f32", o, y, ab, ab[:, hv:], A_log, dt_bias, state, qs, pos, slots, 1, C,
                                           2 * hv, hv * D, hk, hv, 0, 1))
         nc = T // 64
         Cc = 64
@@ -442,10 +444,19 @@ class Run:
               flush=True)
         print(f"  {flop / 1e9:.1f} GFLOP -> {flop / us / 1e6:.2f} TFLOP/s; bounds: fp32 CUDA cores {flop / PEAK_FP32 * 1e6:.0f} us, "
               f"bf16 tensor cores {flop / PEAK_BF16_TC * 1e6:.0f} us, bytes ({byts / 1e6:.0f} MB) {byts / HBM * 1e6:.0f} us", flush=True)
+        nb = 16  # the same 8192 tokens as 16 prompts of 512 (a batch of prefill rows)
+        stb = torch.zeros(nb * layer_bytes, dtype=torch.uint8, device=dev)
+        qsn = torch.arange(0, T + 1, T // nb, dtype=torch.int32, device=dev)
+        posn = (torch.arange(T, dtype=torch.int32, device=dev) % (T // nb)).int()
+        sln = torch.arange(nb, dtype=torch.int32, device=dev)
+        usb = self.time_us(reps=3, fn=lambda: k.delta("chunk", "f32", o, y, ab, ab[:, hv:], A_log, dt_bias, stb, qsn, posn, sln,
+                                                       nb, C, 2 * hv, hv * D, hk, hv, 0, 1))
+        print(f"gdn_chunk_f32, 16 prompts of 512 tokens (grid 16 x 32 x {D // BV}): {usb:.0f} us "
+              f"({flop / usb / 1e6:.2f} TFLOP/s)", flush=True)
         x = y
         yo = torch.empty_like(y)
-        us2 = self.time_us(lambda: k.conv("f32", yo, x, torch.ones(C, KW, dtype=torch.bfloat16, device=dev), state, qs, pos,
-                                          slots, 1, T, C, C, hk, hv, 0, 1))
+        wc = torch.ones(C, KW, dtype=torch.bfloat16, device=dev)
+        us2 = self.time_us(lambda: k.conv("f32", yo, x, wc, state, qs, pos, slots, 1, T, C, C, hk, hv, 0, 1))
         cb = 2 * T * C * 2
         print(f"gdn_conv_f32, 8192 tokens x {C} channels: {us2:.0f} us (bytes {cb / 1e6:.0f} MB -> bound {cb / HBM * 1e6:.0f} us)", flush=True)
         B = 64
@@ -458,6 +469,12 @@ class Run:
         us3 = self.time_us(lambda: k.delta("recurrent", "f32", ob, yb, ab, ab[:, hv:], A_log, dt_bias, st, qsb, posb, slb, B,
                                            C, 2 * hv, hv * D, hk, hv, 0, 1))
         sbytes = B * hv * D * D * 4 * 2
+        nw_ = torch.ones(D, dtype=torch.bfloat16, device=dev)
+        z = torch.randn(T, hv * D, device=dev).to(torch.bfloat16)
+        us4 = self.time_us(lambda: k.norm(o, o, z, nw_, T, hv, hv * D, hv * D, hv * D))
+        nbytes = 3 * T * hv * D * 2
+        print(f"gdn_norm_gated, 8192 tokens x {hv} heads: {us4:.0f} us (bytes {nbytes / 1e6:.0f} MB -> bound "
+              f"{nbytes / HBM * 1e6:.0f} us)", flush=True)
         print(f"gdn_recurrent_f32, {B} decode rows: {us3:.0f} us (state read + write {sbytes / 1e6:.0f} MB -> bound "
               f"{sbytes / HBM * 1e6:.0f} us)", flush=True)
 
@@ -496,7 +513,7 @@ def main():
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--quick", action="store_true", help="prompts up to 300 tokens")
     ap.add_argument("--selftest", action="store_true")
-    ap.add_argument("--bv", type=int, default=64, help="GDN_BV of the build (experiments; the pack's is 64)")
+    ap.add_argument("--bv", type=int, default=32, help="GDN_BV of the build (experiments; the pack's is 32)")
     a = ap.parse_args()
     global BV, CHUNK_SMEM
     BV, CHUNK_SMEM = a.bv, chunk_smem(a.bv)

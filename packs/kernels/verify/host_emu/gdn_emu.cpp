@@ -225,7 +225,8 @@ struct Runner {
         bf16* O = reinterpret_cast<bf16*>(ob.data());
         unsigned char* st = state.data();
         const int L = layer, NL = num_layers, hk = sh.hk, hv = sh.hv;
-        const unsigned cx = (unsigned)((C + 2 * GDN_CONV_THREADS - 1) / (2 * GDN_CONV_THREADS));
+        const unsigned cx = (unsigned)((C + 8 * GDN_CONV_THREADS - 1) / (8 * GDN_CONV_THREADS));
+        const unsigned sx = (unsigned)((C + 2 * GDN_CONV_THREADS - 1) / (2 * GDN_CONV_THREADS));
         emu_launch(uint3_{cx, (unsigned)((tokens + GDN_CONV_TOKENS - 1) / GDN_CONV_TOKENS), 1}, GDN_CONV_THREADS, [&] {
             if (use_entries) {
                 if constexpr (std::is_same_v<ST, float>)
@@ -236,7 +237,7 @@ struct Runner {
                 gdn::conv_impl<D, ST>(Y, X, W, st, qs.data(), pos.data(), slots.data(), seqs, tokens, ld_x, ld_y, hk, hv, L, NL);
             }
         });
-        emu_launch(uint3_{cx, (unsigned)seqs, 1}, GDN_CONV_THREADS, [&] {
+        emu_launch(uint3_{sx, (unsigned)seqs, 1}, GDN_CONV_THREADS, [&] {
             if (use_entries) {
                 if constexpr (std::is_same_v<ST, float>)
                     gdn_conv_state_f32(X, st, qs.data(), pos.data(), slots.data(), seqs, ld_x, hk, hv, L, NL);
@@ -532,7 +533,7 @@ void suite(Shape sh, const std::vector<int>& lens, const std::vector<int>& prefi
 }  // namespace
 
 int main() {
-    static_assert(sizeof(gdn::ChunkSmem<128, 64>) == 189696, "gdn_chunk_* dynamic shared memory (KERNELS.md)");
+    static_assert(sizeof(gdn::ChunkSmem<128, GDN_BV>) == 165120, "gdn_chunk_* dynamic shared memory (KERNELS.md)");
     // D = 64, BV = 32 (two column slices per CTA), 2 k-heads, 4 v-heads (GQA 2): prompt lengths 1,
     // 63, 64, 65, 300 (+ decode), cut into pieces of several sizes
     {
