@@ -19,7 +19,7 @@ M=${1:-/tmp/kern-real/model}
 OUTD=${OUT:-/tmp/kern-out}
 PORT=${PORT:-8300}
 mkdir -p "$OUTD"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/openai/*.whl && export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/openai/*.whl $(ls .whl/families/gguf-*.whl 2>/dev/null) && export PYTHONPATH=/tmp/site
 [[ -f "$M/model.json" ]] || { echo "structured: no packed model at $M (run scripts/gpu/real_model.sh, or give a model directory)"; exit 1; }
 # 64 sequences at once for the batch-64 rate; the grammar limit as served.
 $K serve --model "$M" --port $PORT --served-model-name default --max-seqs 64 > "$OUTD/structured-serve.log" 2>&1 &
@@ -34,6 +34,12 @@ cat "$OUTD/structured-serve.log"
 if [[ -z "$ready" ]]; then echo "structured: kern serve did not become ready"; kill $pid 2>/dev/null; exit 1; fi
 python3 scripts/gpu/structured.py http://127.0.0.1:$PORT "$OUTD/structured.json"
 rc=$?
+# REF_GGUF=the model's GGUF (with the gguf wheel importable): the tool loop replayed in
+# transformers, and the first token of the tool conversation both ways.
+if [[ -n "${REF_GGUF:-}" ]]; then
+  python3 scripts/gpu/tool_first_token.py http://127.0.0.1:$PORT "$REF_GGUF" 2>&1 | grep -v -i warn
+  python3 scripts/gpu/tool_answer_ref.py "$OUTD/structured.json" "$REF_GGUF" 2>&1 | grep -v -i warn
+fi
 curl -s localhost:$PORT/metrics | grep -E "^kern:token_mask" > "$OUTD/structured-metrics.txt"
 kill -TERM $pid; wait $pid
 echo "structured: rc=$rc (results in $OUTD/structured.json, server log $OUTD/structured-serve.log)"
