@@ -1690,11 +1690,16 @@ mod tests {
             let mut s = Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 64, pages_per_seq: 16, spec: None }, BlockManager::new(pages, 4).with_snapshots(snaps).with_snapshot_interval(every));
             let mut fake = Fake::new(&s, 0, next_token).with_seq_state(&s, snaps);
             let prefixes: [Vec<u32>; 3] = [(0..13).collect(), (0..9).map(|t| 100 + t).collect(), (0..4).collect()];
-            let reqs = reqs
+            let reqs: Vec<Req> = reqs
                 .into_iter()
                 .enumerate()
                 .map(|(k, (pre, extra, max_tokens, abort_at))| (prefixes[pre].iter().copied().chain((0..extra as u32).map(|t| 1000 + t + k as u32)).collect(), max_tokens, abort_at))
                 .collect();
+            // Without the prefix cache first: the same reference tokens (drive checks both).
+            let mut off = Scheduler::new(SchedulerConfig { chunk, max_seqs, max_context: 64, pages_per_seq: 16, spec: None }, BlockManager::new(pages, 4).with_prefix_cache(false));
+            let mut off_fake = Fake::new(&off, 0, next_token).with_seq_state(&off, 0);
+            drive(&mut off, &mut off_fake, reqs.clone())?;
+            proptest::prop_assert_eq!(off_fake.seq.as_ref().unwrap().restores, 0);
             drive(&mut s, &mut fake, reqs)?;
             let st = s.cache_stats();
             proptest::prop_assert_eq!(st.snapshots_restored as usize, fake.seq.as_ref().unwrap().restores);
