@@ -64,6 +64,10 @@ pub struct Config {
     /// The prefix of the checkpoint's decoder tensors (`model.`; a Gemma 3 multimodal checkpoint
     /// keeps its text model under `model.language_model.`).
     pub tensor_prefix: String,
+    /// Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5; [`crate::gdn`]): the linear-attention layers'
+    /// sizes, and the full-attention layers' output gate and partial RoPE. `None`: every layer
+    /// is softmax attention.
+    pub hybrid: Option<crate::gdn::Hybrid>,
 }
 
 /// How an RMSNorm applies its weight.
@@ -91,6 +95,8 @@ pub enum Activation {
 pub enum LayerType {
     Full,
     Sliding,
+    /// A Gated DeltaNet layer (transformers' `linear_attention`): no KV, a per-sequence state.
+    Linear,
 }
 
 /// How RoPE pairs the dims of a head.
@@ -145,7 +151,7 @@ impl Config {
     pub fn window(&self, l: u64) -> Option<u64> {
         match self.layer_type(l) {
             LayerType::Sliding => self.sliding_window,
-            LayerType::Full => None,
+            LayerType::Full | LayerType::Linear => None,
         }
     }
 
@@ -194,6 +200,7 @@ impl Config {
         }
         crate::rope::check(&self.rope_scaling, d)?;
         crate::moe::validate(self)?;
+        crate::gdn::validate(self)?;
         Ok(())
     }
 
@@ -223,6 +230,13 @@ pub const PRESETS: &[(&str, &str)] = &[
     // (64 experts, top-4 without renormalization, a dense layer among the MoE ones).
     ("qwen3-30b-a3b", r#"{"model_type":"qwen3_moe","hidden_size":2048,"intermediate_size":6144,"num_hidden_layers":48,"num_attention_heads":32,"num_key_value_heads":4,"head_dim":128,"vocab_size":151936,"tie_word_embeddings":false,"max_position_embeddings":40960,"rope_theta":1000000.0,"num_experts":128,"num_experts_per_tok":8,"moe_intermediate_size":768,"norm_topk_prob":true,"decoder_sparse_step":1,"mlp_only_layers":[]}"#),
     ("qwen3-moe-small", r#"{"model_type":"qwen3_moe","hidden_size":1024,"intermediate_size":3072,"num_hidden_layers":6,"num_attention_heads":16,"num_key_value_heads":8,"head_dim":128,"vocab_size":151936,"tie_word_embeddings":false,"max_position_embeddings":40960,"rope_theta":1000000.0,"num_experts":64,"num_experts_per_tok":4,"moe_intermediate_size":256,"norm_topk_prob":false,"decoder_sparse_step":1,"mlp_only_layers":[1]}"#),
+    // Gated DeltaNet hybrids (issue 30): Qwen3-Next-80B-A3B's real shape, and two small configs per
+    // family with both layer kinds (head_dim 128 and 256, key / value heads 4 / 8 and 2 / 4).
+    ("qwen3-next-80b-a3b", r#"{"model_type":"qwen3_next","hidden_size":2048,"intermediate_size":5120,"num_hidden_layers":48,"num_attention_heads":16,"num_key_value_heads":2,"head_dim":256,"vocab_size":151936,"tie_word_embeddings":false,"max_position_embeddings":262144,"rope_theta":10000000.0,"partial_rotary_factor":0.25,"linear_num_key_heads":16,"linear_num_value_heads":32,"linear_key_head_dim":128,"linear_value_head_dim":128,"linear_conv_kernel_dim":4,"full_attention_interval":4,"num_experts":512,"num_experts_per_tok":10,"moe_intermediate_size":512,"shared_expert_intermediate_size":512,"norm_topk_prob":true,"decoder_sparse_step":1,"mlp_only_layers":[]}"#),
+    ("qwen3-next-small", r#"{"model_type":"qwen3_next","hidden_size":1024,"intermediate_size":3072,"num_hidden_layers":8,"num_attention_heads":8,"num_key_value_heads":2,"head_dim":128,"vocab_size":151936,"tie_word_embeddings":false,"max_position_embeddings":32768,"rope_theta":10000000.0,"partial_rotary_factor":0.25,"linear_num_key_heads":4,"linear_num_value_heads":8,"linear_key_head_dim":128,"linear_value_head_dim":128,"linear_conv_kernel_dim":4,"full_attention_interval":4,"num_experts":32,"num_experts_per_tok":4,"moe_intermediate_size":256,"shared_expert_intermediate_size":512,"norm_topk_prob":true,"decoder_sparse_step":1,"mlp_only_layers":[]}"#),
+    ("qwen3-next-small-d256", r#"{"model_type":"qwen3_next","hidden_size":1024,"intermediate_size":2048,"num_hidden_layers":4,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":256,"vocab_size":151936,"tie_word_embeddings":true,"max_position_embeddings":32768,"rope_theta":10000000.0,"partial_rotary_factor":0.25,"linear_num_key_heads":2,"linear_num_value_heads":4,"linear_key_head_dim":128,"linear_value_head_dim":128,"linear_conv_kernel_dim":4,"full_attention_interval":2,"num_experts":16,"num_experts_per_tok":2,"moe_intermediate_size":128,"shared_expert_intermediate_size":256,"norm_topk_prob":false,"decoder_sparse_step":1,"mlp_only_layers":[2]}"#),
+    ("qwen3.5-small", r#"{"model_type":"qwen3_5_text","hidden_size":1024,"intermediate_size":3072,"num_hidden_layers":8,"num_attention_heads":8,"num_key_value_heads":2,"head_dim":128,"vocab_size":151936,"tie_word_embeddings":true,"max_position_embeddings":32768,"rope_theta":10000000.0,"partial_rotary_factor":0.25,"linear_num_key_heads":4,"linear_num_value_heads":8,"linear_key_head_dim":128,"linear_value_head_dim":128,"linear_conv_kernel_dim":4,"full_attention_interval":4}"#),
+    ("qwen3.5-small-d256", r#"{"model_type":"qwen3_5_text","hidden_size":1024,"intermediate_size":3584,"num_hidden_layers":6,"num_attention_heads":4,"num_key_value_heads":1,"head_dim":256,"vocab_size":151936,"tie_word_embeddings":false,"max_position_embeddings":32768,"rope_theta":10000000.0,"partial_rotary_factor":0.25,"linear_num_key_heads":2,"linear_num_value_heads":4,"linear_key_head_dim":128,"linear_value_head_dim":128,"linear_conv_kernel_dim":4,"full_attention_interval":3}"#),
 ];
 
 /// A preset by name, through its family's reader.

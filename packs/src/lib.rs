@@ -15,6 +15,8 @@
 //! * [`gguf`]: weight sources renamed for GGUF files and prefixed checkpoints;
 //! * [`quant`]: GGUF-native weights — projections, LM head and embedding kept in the file's
 //!   blocks and run by the block GEMVs / dequantize-then-GEMM;
+//! * [`gdn`]: Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5): the linear-attention layers, their
+//!   per-sequence state, and the gated full-attention layers with partial RoPE;
 //! * [`moe`]: mixture-of-experts layers (router, permutation, grouped expert GEMMs, combine)
 //!   as buffers, ops and calls the builder adds for the layers a [`config::Config`] marks MoE;
 //! * [`random`]: seeded random weights in the Hugging Face safetensors layout plus a
@@ -24,6 +26,7 @@ pub mod config;
 pub mod families;
 pub mod fp8;
 pub mod fused;
+pub mod gdn;
 pub mod gguf;
 pub mod manifest;
 pub mod moe;

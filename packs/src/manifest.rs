@@ -87,6 +87,9 @@ pub struct PackOptions {
     /// FP8 weights (issue 25, [`crate::fp8`]): the checkpoint's block-scaled E4M3 tensors and how
     /// prefill runs them. Empty `weights`: no FP8 pass.
     pub fp8: crate::fp8::Fp8Options,
+    /// The Gated DeltaNet recurrent state's dtype (`--gdn-state`, hybrids only; [`crate::gdn`]):
+    /// the `_f32` (default) or `_bf16` entries of `gdn.cu`.
+    pub gdn_state: crate::gdn::GdnState,
 }
 
 impl Default for PackOptions {
@@ -108,6 +111,7 @@ impl Default for PackOptions {
             decode_fusion: false,
             native: Default::default(),
             fp8: Default::default(),
+            gdn_state: Default::default(),
         }
     }
 }
@@ -484,6 +488,7 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
         check_draft(cfg, draft, opts.tp).map_err(PackError::Config)?;
     }
     crate::moe::check(cfg, opts).map_err(PackError::Config)?;
+    crate::gdn::check(cfg, opts).map_err(PackError::Config)?;
     if opts.max_tokens == 0 || opts.max_seqs == 0 || opts.max_context == 0 || opts.page_tokens == 0 {
         return Err(PackError::Config("max tokens, seqs, context and page tokens must all be positive".into()));
     }
@@ -506,8 +511,8 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     // The wide GEMMs run for 9..64 rows: only when a step can have 9 rows (tokens, or seqs for the LM head).
     let wide = (opts.batch_gemm == BatchGemm::Wide && opts.max_tokens.max(opts.max_seqs) >= 9).then_some(WIDE_MODULE);
     // With split decode and tensor-core prefill, attention_dD runs for no step size.
-    let unused = |m: &&str| *m == "attention" && split.is_some() && prefill_tc.is_some();
-    for m in MODULES.iter().copied().filter(|m| !unused(m)).chain(split).chain(prefill_tc).chain(wide).chain(crate::moe::module(cfg)) {
+    let unused = |m: &&str| (*m == "attention" && split.is_some() && prefill_tc.is_some()) || (*m == "rope" && cfg.hybrid.is_some());
+    for m in MODULES.iter().copied().filter(|m| !unused(m)).chain(split).chain(prefill_tc).chain(wide).chain(crate::moe::module(cfg)).chain(crate::gdn::modules(cfg)) {
         // With --pdl, the build of each non-GEMM module whose kernels wait first (the GEMM
         // kernels always wait after their weight prefetch).
         let file = if (opts.pdl || opts.pdl_small_steps) && !m.starts_with("gemm_") { format!("{m}.pdl.sm_90a.cubin") } else { format!("{m}.sm_90a.cubin") };
@@ -686,6 +691,8 @@ struct Dims {
     h: u64,
     i: u64,
     layers: u64,
+    /// The softmax-attention layers (the KV cache's): all of them but a hybrid's GDN layers.
+    attn_layers: u64,
     hq: u64,
     hkv: u64,
     d: u64,
@@ -765,12 +772,17 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         h: cfg.hidden_size,
         i: cfg.intermediate_size / tp,
         layers: cfg.num_hidden_layers,
+        attn_layers: crate::gdn::attn_layers(cfg),
         hq: cfg.num_attention_heads / tp,
         hkv: cfg.kv_heads() / tp,
         d: cfg.head_dim(),
         v: cfg.vocab_size,
-        qkv: (cfg.num_attention_heads + 2 * cfg.kv_heads()) / tp * cfg.head_dim(),
+        // A hybrid's q projection writes [q | gate] per head (crate::gdn).
+        qkv: (cfg.num_attention_heads * if cfg.hybrid.is_some() { 2 } else { 1 } + 2 * cfg.kv_heads()) / tp * cfg.head_dim(),
     };
+    let gated = cfg.hybrid.is_some();
+    // The q projection's rows per head: q, or [q | gate].
+    let q_rows = if gated { 2 * d.hq * d.d } else { d.hq * d.d };
     // Column-parallel weights are cut along their output rows (dim 0), row-parallel ones along
     // their input columns (dim 1); each rank takes the part of its rank.
     let shard = |dim: u64| json!({"dim": dim, "parts": tp, "part": "rank"});
@@ -821,6 +833,10 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     b.insert("h".into(), bf16(json!(["tokens", d.h])));
     b.insert("qkv".into(), bf16(json!(["tokens", d.qkv])));
     b.insert("attn".into(), bf16(json!(["tokens", d.hq * d.d])));
+    if gated {
+        // The gated attention's normalized, rotated q (attention reads it instead of qkv's rows).
+        b.insert("q".into(), bf16(json!(["tokens", d.hq * d.d])));
+    }
     let split = opts.decode_attention == DecodeAttention::Split;
     if split {
         // The split kernel's fp32 partial results (decode steps only), sized for every decode
@@ -847,34 +863,37 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     for l in 0..d.layers {
         let p = format!("model.layers.{l}");
         b.insert(format!("{p}.input_layernorm.weight"), weight(json!([d.h]), json!({"tensor": format!("{p}.input_layernorm.weight")})));
-        b.insert(
-            format!("{p}.self_attn.qkv_proj.weight"),
-            weight(
-                json!([d.qkv, d.h]),
-                with_shard(json!({"concat": [format!("{p}.self_attn.q_proj.weight"), format!("{p}.self_attn.k_proj.weight"), format!("{p}.self_attn.v_proj.weight")],
-                       "axis": 0, "sizes": [d.hq * d.d, d.hkv * d.d, d.hkv * d.d]}), 0),
-            ),
-        );
-        if bias {
+        // A GDN layer's token mixer: its projections, conv, gates and norm (crate::gdn).
+        if !crate::gdn::layer_weights(cfg, l, &mut b) {
             b.insert(
-                format!("{p}.self_attn.qkv_proj.bias"),
+                format!("{p}.self_attn.qkv_proj.weight"),
                 weight(
-                    json!([d.qkv]),
-                    with_shard(json!({"concat": [format!("{p}.self_attn.q_proj.bias"), format!("{p}.self_attn.k_proj.bias"), format!("{p}.self_attn.v_proj.bias")],
-                           "axis": 0, "sizes": [d.hq * d.d, d.hkv * d.d, d.hkv * d.d]}), 0),
+                    json!([d.qkv, d.h]),
+                    with_shard(json!({"concat": [format!("{p}.self_attn.q_proj.weight"), format!("{p}.self_attn.k_proj.weight"), format!("{p}.self_attn.v_proj.weight")],
+                           "axis": 0, "sizes": [q_rows, d.hkv * d.d, d.hkv * d.d]}), 0),
                 ),
             );
-        }
-        if qk_norm {
-            b.insert(format!("{p}.self_attn.q_norm.weight"), weight(json!([d.d]), json!({"tensor": format!("{p}.self_attn.q_norm.weight")})));
-            b.insert(format!("{p}.self_attn.k_norm.weight"), weight(json!([d.d]), json!({"tensor": format!("{p}.self_attn.k_norm.weight")})));
-        }
-        b.insert(format!("{p}.self_attn.o_proj.weight"), weight(json!([d.h, d.hq * d.d]), with_shard(json!({"tensor": format!("{p}.self_attn.o_proj.weight")}), 1)));
-        if cfg.o_bias {
-            // A row-parallel GEMM's bias is added once, after the all-reduce would sum it tp
-            // times: with tensor parallelism each rank adds its share (bias / tp is not exact),
-            // so --tp refuses O / MLP biases (check_tp).
-            b.insert(format!("{p}.self_attn.o_proj.bias"), weight(json!([d.h]), json!({"tensor": format!("{p}.self_attn.o_proj.bias")})));
+            if bias {
+                b.insert(
+                    format!("{p}.self_attn.qkv_proj.bias"),
+                    weight(
+                        json!([d.qkv]),
+                        with_shard(json!({"concat": [format!("{p}.self_attn.q_proj.bias"), format!("{p}.self_attn.k_proj.bias"), format!("{p}.self_attn.v_proj.bias")],
+                               "axis": 0, "sizes": [d.hq * d.d, d.hkv * d.d, d.hkv * d.d]}), 0),
+                    ),
+                );
+            }
+            if qk_norm {
+                b.insert(format!("{p}.self_attn.q_norm.weight"), weight(json!([d.d]), json!({"tensor": format!("{p}.self_attn.q_norm.weight")})));
+                b.insert(format!("{p}.self_attn.k_norm.weight"), weight(json!([d.d]), json!({"tensor": format!("{p}.self_attn.k_norm.weight")})));
+            }
+            b.insert(format!("{p}.self_attn.o_proj.weight"), weight(json!([d.h, d.hq * d.d]), with_shard(json!({"tensor": format!("{p}.self_attn.o_proj.weight")}), 1)));
+            if cfg.o_bias {
+                // A row-parallel GEMM's bias is added once, after the all-reduce would sum it tp
+                // times: with tensor parallelism each rank adds its share (bias / tp is not exact),
+                // so --tp refuses O / MLP biases (check_tp).
+                b.insert(format!("{p}.self_attn.o_proj.bias"), weight(json!([d.h]), json!({"tensor": format!("{p}.self_attn.o_proj.bias")})));
+            }
         }
         b.insert(format!("{p}.post_attention_layernorm.weight"), weight(json!([d.h]), json!({"tensor": format!("{p}.post_attention_layernorm.weight")})));
         if sandwich {
@@ -944,6 +963,8 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                          {"f32": norm_off}]}]}})
     };
     let scale = cfg.attn_scale();
+    // Attention's q rows: qkv's, or the gated attention's own q buffer (crate::gdn).
+    let q_ld = if gated { d.hq * d.d } else { d.qkv };
     // --prefill-attention tc: steps with tokens > seqs launch attention_prefill_dD (attention_dD's
     // params and args; PREFILL_ROWS / G tokens per CTA), the others keep the decode choice.
     let tc = opts.prefill_attention == PrefillAttention::Tc;
@@ -963,7 +984,7 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                        "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32", "i32"],
             "block": [128], "grid": [format!("ceil(tokens/{bq})+seqs"), d.hkv],
             "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5},
-                     {"param": 6}, {"param": 7}, {"param": 8}, {"i32": d.qkv}, {"i32": d.hq}, {"i32": d.hkv}, {"param": 9},
+                     {"param": 6}, {"param": 7}, {"param": 8}, {"i32": q_ld}, {"i32": d.hq}, {"i32": d.hkv}, {"param": 9},
                      {"i32": num_layers}, {"i32": opts.page_tokens}, {"f32": scale}, {"param": window_param}]});
         if d.d == 256 {
             plain["shared"] = json!(ATT_SMEM_D256);
@@ -1000,7 +1021,7 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                         "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32", "i32", "i32", "i32"],
              "block": [128], "grid": [format!("tokens * {decode}"), d.hkv, splits],
              "args": [{"param": 10}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5},
-                      {"param": 6}, {"param": 7}, {"param": 8}, {"i32": d.qkv}, {"i32": d.hq}, {"i32": d.hkv}, {"param": 9},
+                      {"param": 6}, {"param": 7}, {"param": 8}, {"i32": q_ld}, {"i32": d.hq}, {"i32": d.hkv}, {"param": 9},
                       {"i32": num_layers}, {"i32": opts.page_tokens}, {"f32": scale}, {"i32": DECODE_MIN_CHUNK},
                       {"i32": decode_max_chunks(d.hkv)}, {"param": window_param}]});
         if d.d == 256 {
@@ -1034,8 +1055,8 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         "gate_up_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(2 * d.i, d.h, "tokens", opts.max_tokens, false, opts.batch_gemm)}},
         "down_proj": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"], "impl": {"launches": gemm_launches(d.h, d.i, "tokens", opts.max_tokens, false, opts.batch_gemm)}},
         "lm_head": {"params": ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<f32>", "i32"], "impl": {"launches": gemm_launches(d.v, d.h, "seqs", opts.max_seqs, true, opts.batch_gemm)}},
-        "qk_norm_rope": rope_op(d.layers),
-        "attention": attention_op(d.layers),
+        "qk_norm_rope": rope_op(d.attn_layers),
+        "attention": attention_op(d.attn_layers),
         act_op: {"params": ["out buffer<bf16>", "in buffer<bf16>", "i32"], "impl": {"launches": [{
             "module": "rowwise", "entry": act_op, "params": ["out buffer<bf16>", "in buffer<bf16>", "i32", "i32"],
             "block": [256], "grid": ["tokens"], "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"i32": d.i}]}]}},
@@ -1054,6 +1075,12 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                          {"param": 7}, {"param": 8}, {"i32": d.v.div_ceil(32)}, {"param": 9}, {"i32": d.v}]}]}}
     });
 
+    if gated {
+        // The hybrids' attention prologue (q [| gate] rows, partial RoPE) and output gate (crate::gdn).
+        let (rope, gate) = crate::gdn::gated_attention_ops(cfg, d.hq, d.hkv, d.d, d.attn_layers, opts.page_tokens, rope_flags, norm_off);
+        ops["qk_norm_rope"] = rope;
+        ops["attn_output_gate"] = gate;
+    }
     if sandwich {
         // Gemma 3's post-attention and post-MLP norms: a bf16 activation in, a bf16 one out.
         ops["post_norm"] = rms_norm("bf16", d.h, eps, cfg.norm);
@@ -1095,6 +1122,7 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     }
     let down_op = crate::fused::down_op_name(&sizes);
     crate::moe::extend(cfg, opts, &mut b, &mut ops, |n, k| gemm_launches(n, k, "tokens", opts.max_tokens, false, opts.batch_gemm));
+    crate::gdn::extend(cfg, opts, &mut b, &mut ops, |n, k| gemm_launches(n, k, "tokens", opts.max_tokens, false, opts.batch_gemm));
     // After a row-parallel GEMM each rank holds a partial sum of the full output.
     let all_reduce = |label: String, b: &str| json!({"label": label, "op": "all_reduce", "args": [{"buf": b}]});
 
@@ -1125,24 +1153,37 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         for l in 0..layers {
             let p = format!("model.layers.{l}");
             let bias_buf = qkv_bias(l);
-            if !fused {
-                calls.push(json!({"label": format!("l{l}.qkv_proj"), "op": "qkv_proj", "args": [buf("h"), buf(&format!("{p}.self_attn.qkv_proj.weight")), bias_buf, buf("qkv"), var("tokens")]}));
+            // A hybrid's GDN layer (crate::gdn) mixes tokens from h into o without the KV cache;
+            // attention layers address the cache by their index among attention layers.
+            let linear = crate::gdn::is_linear(cfg, l);
+            let al = crate::gdn::attn_index(cfg, l);
+            if linear {
+                calls.extend(crate::gdn::calls(cfg, l));
+            } else {
+                if !fused {
+                    calls.push(json!({"label": format!("l{l}.qkv_proj"), "op": "qkv_proj", "args": [buf("h"), buf(&format!("{p}.self_attn.qkv_proj.weight")), bias_buf, buf("qkv"), var("tokens")]}));
+                }
+                // Unused norm / bias pointers are never read by the kernel (flags); bind a weight.
+                let qn = if qk_norm { format!("{p}.self_attn.q_norm.weight") } else { format!("{p}.input_layernorm.weight") };
+                let kn = if qk_norm { format!("{p}.self_attn.k_norm.weight") } else { format!("{p}.input_layernorm.weight") };
+                let rb = if bias { format!("{p}.self_attn.qkv_proj.bias") } else { format!("{p}.input_layernorm.weight") };
+                let r = &ropes[rope_of(cfg, l)];
+                let table = if r.table.is_some() { buf(&r.buffer) } else { json!({"null": true}) };
+                if gated {
+                    calls.push(json!({"label": format!("l{l}.qk_norm_rope"), "op": rope,
+                        "args": [buf("q"), buf("qkv"), {"state": kv}, buf(&qn), buf(&kn), buf("positions"), buf("slot_mapping"), var("tokens"), {"i32": al}]}));
+                } else {
+                    calls.push(json!({"label": format!("l{l}.qk_norm_rope"), "op": rope,
+                        "args": [buf("qkv"), {"state": kv}, buf(&qn), buf(&kn), buf(&rb), buf("positions"), buf("slot_mapping"), var("tokens"), {"i32": al},
+                                 {"f32": r.theta}, table, {"f32": r.cos_scale}]}));
+                }
+                let mut attn_args = vec![buf("attn"), buf(if gated { "q" } else { "qkv" }), json!({"state": kv}), buf("block_tables"), buf("seq_lens"), buf("query_start"), var("seqs"), var("tokens"), var("pages"), json!({"i32": al})];
+                if split {
+                    attn_args.push(buf("attn_partial"));
+                }
+                attn_args.push(json!({"i32": cfg.window(l).unwrap_or(0)}));
+                calls.push(json!({"label": format!("l{l}.attention"), "op": attention, "args": attn_args}));
             }
-            // Unused norm / bias pointers are never read by the kernel (flags); bind a weight.
-            let qn = if qk_norm { format!("{p}.self_attn.q_norm.weight") } else { format!("{p}.input_layernorm.weight") };
-            let kn = if qk_norm { format!("{p}.self_attn.k_norm.weight") } else { format!("{p}.input_layernorm.weight") };
-            let rb = if bias { format!("{p}.self_attn.qkv_proj.bias") } else { format!("{p}.input_layernorm.weight") };
-            let r = &ropes[rope_of(cfg, l)];
-            let table = if r.table.is_some() { buf(&r.buffer) } else { json!({"null": true}) };
-            calls.push(json!({"label": format!("l{l}.qk_norm_rope"), "op": rope,
-                "args": [buf("qkv"), {"state": kv}, buf(&qn), buf(&kn), buf(&rb), buf("positions"), buf("slot_mapping"), var("tokens"), {"i32": l},
-                         {"f32": r.theta}, table, {"f32": r.cos_scale}]}));
-            let mut attn_args = vec![buf("attn"), buf("qkv"), json!({"state": kv}), buf("block_tables"), buf("seq_lens"), buf("query_start"), var("seqs"), var("tokens"), var("pages"), json!({"i32": l})];
-            if split {
-                attn_args.push(buf("attn_partial"));
-            }
-            attn_args.push(json!({"i32": cfg.window(l).unwrap_or(0)}));
-            calls.push(json!({"label": format!("l{l}.attention"), "op": attention, "args": attn_args}));
             if fused && sandwich {
                 // The residual arrives in x, leaves the attention half in x2 and the MLP half in x
                 // again (crate::fused: every CTA of a prologue GEMV reads x_in while its pieces' owners
@@ -1181,8 +1222,14 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
                 continue;
             }
             let opt_bias = |on: bool, name: String| if on { buf(&name) } else { json!({"null": true}) };
-            calls.push(json!({"label": format!("l{l}.o_proj"), "op": "o_proj",
-                "args": [buf("attn"), buf(&format!("{p}.self_attn.o_proj.weight")), opt_bias(cfg.o_bias, format!("{p}.self_attn.o_proj.bias")), buf("o"), var("tokens")]}));
+            if gated && !linear {
+                // attn · sigmoid(gate), the gate from the q projection's rows (crate::gdn).
+                calls.push(json!({"label": format!("l{l}.attn_output_gate"), "op": "attn_output_gate", "args": [buf("attn"), buf("qkv"), var("tokens")]}));
+            }
+            if !linear {
+                calls.push(json!({"label": format!("l{l}.o_proj"), "op": "o_proj",
+                    "args": [buf("attn"), buf(&format!("{p}.self_attn.o_proj.weight")), opt_bias(cfg.o_bias, format!("{p}.self_attn.o_proj.bias")), buf("o"), var("tokens")]}));
+            }
             if opts.tp.is_some() {
                 calls.push(all_reduce(format!("l{l}.o_proj.all_reduce"), "o"));
             }
@@ -1195,7 +1242,7 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
             }
             if crate::moe::is_moe_layer(cfg, l) {
                 // A mixture-of-experts layer (crate::moe): router, top-k, permutation, experts, combine.
-                calls.extend(crate::moe::calls(l));
+                calls.extend(crate::moe::calls(cfg, l));
             } else {
                 calls.push(json!({"label": format!("l{l}.gate_up_proj"), "op": "gate_up_proj",
                     "args": [buf("h"), buf(&format!("{p}.mlp.gate_up_proj.weight")), opt_bias(cfg.mlp_bias, format!("{p}.mlp.gate_up_proj.bias")), buf("gate_up"), var("tokens")]}));
@@ -1230,7 +1277,7 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
     let calls = program(d.layers, "kv", "qk_norm_rope", "attention");
 
     // This rank's kv heads only.
-    let bytes_per_token = d.layers * 2 * d.hkv * d.d * 2;
+    let bytes_per_token = d.attn_layers * 2 * d.hkv * d.d * 2;
     let model = match opts.tp {
         Some(t) => format!("{}-h{}-l{}-tp{t}", cfg.model_type, d.h, d.layers),
         None => format!("{}-h{}-l{}", cfg.model_type, d.h, d.layers),
@@ -1256,6 +1303,12 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
             }
         }
     });
+    if cfg.hybrid.is_some() {
+        // Every GDN layer's conv and recurrent state in one slot per sequence (crate::gdn), which
+        // the prefix cache may snapshot at page boundaries.
+        m["states"][crate::gdn::STATE] = json!({"bytes_per_seq": crate::gdn::bytes_per_seq(cfg, opts.gdn_state), "snapshot": true});
+        m["step"]["buffers"]["seq_slots"] = json!("seq_slots");
+    }
     if let Some(t) = opts.tp {
         m["parallel"] = json!({"tp": t});
     }

@@ -63,6 +63,9 @@ pub struct MoeSpec {
     /// (GGUF `ffn_{gate,up,down}_exps`) instead of one tensor per expert (Hugging Face
     /// `mlp.experts.E.{gate,up,down}_proj.weight`).
     pub stacked: bool,
+    /// Qwen3-Next's shared expert: a SwiGLU of this width that every token runs, scaled by
+    /// `sigmoid(shared_expert_gate(x))` and added to the routed experts' sum. 0: none.
+    pub shared_intermediate: u64,
 }
 
 impl MoeSpec {
@@ -163,6 +166,14 @@ pub fn layer_weights(cfg: &Config, l: u64, b: &mut Map<String, Value>) -> bool {
     };
     b.insert(format!("{p}.experts.gate_up_proj.weight"), gate_up);
     b.insert(format!("{p}.experts.down_proj.weight"), down);
+    if m.shared_intermediate > 0 {
+        // Qwen3-Next's shared expert (a SwiGLU every token runs) and its sigmoid gate [1, H].
+        let si = m.shared_intermediate;
+        b.insert(format!("{p}.shared_expert.gate_up_proj.weight"),
+            weight(json!([2 * si, h]), json!({"concat": [format!("{p}.shared_expert.gate_proj.weight"), format!("{p}.shared_expert.up_proj.weight")], "axis": 0, "sizes": [si, si]})));
+        b.insert(format!("{p}.shared_expert.down_proj.weight"), weight(json!([h, si]), json!({"tensor": format!("{p}.shared_expert.down_proj.weight")})));
+        b.insert(format!("{p}.shared_expert_gate.weight"), weight(json!([1, h]), json!({"tensor": format!("{p}.shared_expert_gate.weight")})));
+    }
     true
 }
 
@@ -257,6 +268,23 @@ pub fn extend(cfg: &Config, opts: &PackOptions, b: &mut Map<String, Value>, ops:
         "args": [{"param": 0}, {"param": 1}, {"i32": opts.max_tokens * topk}, {"i32": i}]}]}}));
     // Bit 0 of the flags would add the k terms as transformers' bf16 index_add_ does (a rounding
     // per add); the manifest sums in fp32 and rounds once.
+    if m.shared_intermediate > 0 {
+        // The shared expert: its own SwiGLU through the dense GEMMs, then gated.cu's
+        // shared_expert_gate_add (mlp += bf16(sigmoid(h · w_gate)) · shared).
+        let si = m.shared_intermediate;
+        for (name, width) in [("shared_gate_up", 2 * si), ("shared_act", si), ("shared_y", h)] {
+            b.insert(name.into(), json!({"dtype": "bf16", "shape": ["tokens", width]}));
+        }
+        o.insert("shared_gate_up".into(), json!({"params": proj, "impl": {"launches": gemm(2 * si, h)}}));
+        o.insert("shared_down".into(), json!({"params": proj, "impl": {"launches": gemm(h, si)}}));
+        o.insert("shared_swiglu".into(), json!({"params": ["out buffer<bf16>", "in buffer<bf16>", "i32"], "impl": {"launches": [{
+            "module": "rowwise", "entry": "swiglu", "params": ["out buffer<bf16>", "in buffer<bf16>", "i32", "i32"],
+            "block": [256], "grid": ["tokens"], "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"i32": si}]}]}}));
+        o.insert("shared_gate_add".into(), json!({"params": ["inout buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "i32"], "impl": {"launches": [{
+            "module": crate::gdn::GATED_MODULE, "entry": "shared_expert_gate_add",
+            "params": ["inout buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "i32", "i32"],
+            "block": [256], "grid": ["tokens"], "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"i32": h}]}]}}));
+    }
     o.insert("moe_combine".into(), json!({"params": ["out buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "in buffer<f32>", "in buffer<i32>", "i32"], "impl": {"launches": [{
         "module": MODULE, "entry": "moe_combine",
         "params": ["out buffer<bf16>", "in buffer<bf16>", "in buffer<i32>", "in buffer<f32>", "in buffer<i32>", "i32", "i32", "i32", "i32"],
@@ -265,12 +293,12 @@ pub fn extend(cfg: &Config, opts: &PackOptions, b: &mut Map<String, Value>, ops:
 }
 
 /// Layer `l`'s MoE calls, from the post-attention norm's output `h` to `mlp` (the buffers the
-/// dense MLP reads and writes).
-pub fn calls(l: u64) -> Vec<Value> {
+/// dense MLP reads and writes); with a shared expert, its calls after the routed ones.
+pub fn calls(cfg: &Config, l: u64) -> Vec<Value> {
     let buf = |n: &str| json!({"buf": n});
     let tokens = json!({"var": "tokens"});
     let p = format!("model.layers.{l}.mlp");
-    vec![
+    let mut out = vec![
         json!({"label": format!("l{l}.router"), "op": "moe_router", "args": [buf("h"), buf(&format!("{p}.gate.weight")), {"null": true}, buf("moe_logits"), tokens]}),
         json!({"label": format!("l{l}.moe_select"), "op": "moe_select",
                "args": [buf("moe_logits"), buf("moe_ids"), buf("moe_w"), buf("moe_offsets"), buf("moe_sorted"), buf("moe_pos"), tokens]}),
@@ -280,7 +308,16 @@ pub fn calls(l: u64) -> Vec<Value> {
         json!({"label": format!("l{l}.experts_down"), "op": "moe_down",
                "args": [buf("moe_act"), buf(&format!("{p}.experts.down_proj.weight")), buf("moe_y"), buf("moe_offsets"), buf("moe_sorted"), tokens]}),
         json!({"label": format!("l{l}.moe_combine"), "op": "moe_combine", "args": [buf("mlp"), buf("moe_y"), buf("moe_ids"), buf("moe_w"), buf("moe_pos"), tokens]}),
-    ]
+    ];
+    if cfg.moe.as_ref().is_some_and(|m| m.shared_intermediate > 0) {
+        out.extend([
+            json!({"label": format!("l{l}.shared_gate_up"), "op": "shared_gate_up", "args": [buf("h"), buf(&format!("{p}.shared_expert.gate_up_proj.weight")), {"null": true}, buf("shared_gate_up"), tokens]}),
+            json!({"label": format!("l{l}.shared_swiglu"), "op": "shared_swiglu", "args": [buf("shared_act"), buf("shared_gate_up"), tokens]}),
+            json!({"label": format!("l{l}.shared_down"), "op": "shared_down", "args": [buf("shared_act"), buf(&format!("{p}.shared_expert.down_proj.weight")), {"null": true}, buf("shared_y"), tokens]}),
+            json!({"label": format!("l{l}.shared_gate_add"), "op": "shared_gate_add", "args": [buf("mlp"), buf("shared_y"), buf("h"), buf(&format!("{p}.shared_expert_gate.weight")), tokens]}),
+        ]);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -288,7 +325,7 @@ mod tests {
     use super::*;
 
     fn spec(step: u64, dense: Vec<u64>) -> MoeSpec {
-        MoeSpec { num_experts: 8, top_k: 2, intermediate: 64, norm_topk_prob: true, decoder_sparse_step: step, mlp_only_layers: dense, stacked: false }
+        MoeSpec { num_experts: 8, top_k: 2, intermediate: 64, norm_topk_prob: true, decoder_sparse_step: step, mlp_only_layers: dense, stacked: false, shared_intermediate: 0 }
     }
 
     #[test]

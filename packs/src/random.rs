@@ -24,6 +24,12 @@ pub enum Init {
     NormOne,
     /// normal(0, 0.1): the weight of a zero-centred `(1 + w) · x̂` norm.
     NormZero,
+    /// normal(0, 0.3): a Gated DeltaNet layer's depthwise conv (4 taps; a larger spread than the
+    /// matrices' so the conv does not shrink its inputs to nothing).
+    Conv,
+    /// normal(-2, 1.5): a GDN layer's `A_log`, so `exp(A_log)` spans fast- and slow-decaying heads
+    /// (transformers initializes it as log(uniform(0, 16))).
+    ALog,
 }
 
 /// One tensor of the checkpoint: name, shape, and how its values are drawn.
@@ -47,7 +53,29 @@ pub fn tensors(cfg: &Config) -> Vec<TensorSpec> {
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
         out.push(t(format!("{p}.input_layernorm.weight"), vec![h], norm));
-        out.push(t(format!("{p}.self_attn.q_proj.weight"), vec![hq * d, h], lin));
+        if let Some(g) = cfg.hybrid.as_ref().filter(|_| crate::gdn::is_linear(cfg, l)) {
+            // A Gated DeltaNet layer (crate::gdn), in its family's layout.
+            let (hk, hv, dd) = (g.num_k_heads as usize, g.num_v_heads as usize, crate::gdn::D as usize);
+            let (conv, vd) = (g.conv_dim() as usize, g.value_dim() as usize);
+            let a = format!("{p}.linear_attn");
+            if g.grouped {
+                out.push(t(format!("{a}.in_proj_qkvz.weight"), vec![2 * hk * dd + 2 * vd, h], lin));
+                out.push(t(format!("{a}.in_proj_ba.weight"), vec![2 * hv, h], lin));
+            } else {
+                out.push(t(format!("{a}.in_proj_qkv.weight"), vec![conv, h], lin));
+                out.push(t(format!("{a}.in_proj_z.weight"), vec![vd, h], lin));
+                out.push(t(format!("{a}.in_proj_b.weight"), vec![hv, h], lin));
+                out.push(t(format!("{a}.in_proj_a.weight"), vec![hv, h], lin));
+            }
+            out.push(t(format!("{a}.conv1d.weight"), vec![conv, 1, crate::gdn::KW as usize], Init::Conv));
+            out.push(t(format!("{a}.dt_bias"), vec![hv], Init::NormOne));
+            out.push(t(format!("{a}.A_log"), vec![hv], Init::ALog));
+            out.push(t(format!("{a}.norm.weight"), vec![dd], Init::NormOne));
+            out.push(t(format!("{a}.out_proj.weight"), vec![h, vd], lin));
+        } else {
+        // A hybrid's q projection writes [q | gate] per head.
+        let q_rows = if cfg.hybrid.is_some() { 2 * hq * d } else { hq * d };
+        out.push(t(format!("{p}.self_attn.q_proj.weight"), vec![q_rows, h], lin));
         out.push(t(format!("{p}.self_attn.k_proj.weight"), vec![hkv * d, h], lin));
         out.push(t(format!("{p}.self_attn.v_proj.weight"), vec![hkv * d, h], lin));
         if cfg.qkv_bias() {
@@ -63,6 +91,7 @@ pub fn tensors(cfg: &Config) -> Vec<TensorSpec> {
         if cfg.o_bias {
             out.push(t(format!("{p}.self_attn.o_proj.bias"), vec![h], lin));
         }
+        }
         out.push(t(format!("{p}.post_attention_layernorm.weight"), vec![h], norm));
         if cfg.sandwich_norms {
             out.push(t(format!("{p}.pre_feedforward_layernorm.weight"), vec![h], norm));
@@ -77,6 +106,13 @@ pub fn tensors(cfg: &Config) -> Vec<TensorSpec> {
                 out.push(t(format!("{p}.mlp.experts.{x}.gate_proj.weight"), vec![mi, h], lin));
                 out.push(t(format!("{p}.mlp.experts.{x}.up_proj.weight"), vec![mi, h], lin));
                 out.push(t(format!("{p}.mlp.experts.{x}.down_proj.weight"), vec![h, mi], lin));
+            }
+            if m.shared_intermediate > 0 {
+                let si = m.shared_intermediate as usize;
+                out.push(t(format!("{p}.mlp.shared_expert.gate_proj.weight"), vec![si, h], lin));
+                out.push(t(format!("{p}.mlp.shared_expert.up_proj.weight"), vec![si, h], lin));
+                out.push(t(format!("{p}.mlp.shared_expert.down_proj.weight"), vec![h, si], lin));
+                out.push(t(format!("{p}.mlp.shared_expert_gate.weight"), vec![1, h], lin));
             }
             continue;
         }
@@ -113,6 +149,8 @@ fn fill(out: &mut [u8], key: u64, start: usize, init: Init) {
         Init::Normal => (0.0, 0.02),
         Init::NormOne => (1.0, 0.02),
         Init::NormZero => (0.0, 0.1),
+        Init::Conv => (0.0, 0.3),
+        Init::ALog => (-2.0, 1.5),
     };
     for (j, pair) in out.chunks_exact_mut(4).enumerate() {
         // Two normals per Box-Muller draw, from the element index: order-independent.

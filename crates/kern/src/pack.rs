@@ -15,7 +15,7 @@ use std::process::ExitCode;
 /// Write a model's manifest from its Hugging Face config.json or from a GGUF file, with the
 /// pack for its model type.
 #[derive(clap::Args)]
-#[command(after_help = "Families (packs/src/families; model_type → family):\n  qwen     qwen3, qwen2                 GGUF qwen3, qwen2   Qwen3 dense (q/k norm), Qwen2 / Qwen2.5 (QKV biases)\n  llama    llama, mistral               GGUF llama          Llama 2 / 3.x (llama3, linear, YaRN RoPE), SmolLM2, TinyLlama, Mistral (sliding window)\n  gemma3   gemma3_text, gemma3 (text)   GGUF gemma3         Gemma 3 text (sliding-window and global layers, (1 + w) norms, GeGLU)\n  qwen3_moe qwen3_moe                   GGUF qwen3moe       Qwen3-MoE (routed experts: Qwen3-30B-A3B, 235B-A22B)\n\nExamples:\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B\n  kern pack --gguf qwen2.5-coder-0.5b-instruct-q4_k_m.gguf -o ~/models/qwen2.5-coder\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B --draft layer-skip:9 --draft-k 4\n\nWith --gguf, DIR gets model.json, the cubins, config.json (for reference), the tokenizer and a\nsymbolic link to the GGUF file (none when the file is already in DIR): kern loads the weights from\nit, the projections, LM head and embedding in their blocks (GGUF-native; --dequantize: bf16).")]
+#[command(after_help = "Families (packs/src/families; model_type → family):\n  qwen     qwen3, qwen2                 GGUF qwen3, qwen2   Qwen3 dense (q/k norm), Qwen2 / Qwen2.5 (QKV biases)\n  llama    llama, mistral               GGUF llama          Llama 2 / 3.x (llama3, linear, YaRN RoPE), SmolLM2, TinyLlama, Mistral (sliding window)\n  gemma3   gemma3_text, gemma3 (text)   GGUF gemma3         Gemma 3 text (sliding-window and global layers, (1 + w) norms, GeGLU)\n  qwen3_moe qwen3_moe                   GGUF qwen3moe       Qwen3-MoE (routed experts: Qwen3-30B-A3B, 235B-A22B)\n  qwen3_next qwen3_next                 (no GGUF)           Qwen3-Next (Gated DeltaNet + gated-attention hybrid, MoE with a shared expert; --gdn-state f32|bf16)\n  qwen3_5  qwen3_5_text, qwen3_5 (text) (no GGUF)           Qwen3.5 text (Gated DeltaNet + gated-attention hybrid, dense MLP; --gdn-state f32|bf16)\n\nExamples:\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B\n  kern pack --gguf qwen2.5-coder-0.5b-instruct-q4_k_m.gguf -o ~/models/qwen2.5-coder\n  kern pack --config ~/models/Qwen3-4B/config.json -o ~/models/Qwen3-4B --draft layer-skip:9 --draft-k 4\n\nWith --gguf, DIR gets model.json, the cubins, config.json (for reference), the tokenizer and a\nsymbolic link to the GGUF file (none when the file is already in DIR): kern loads the weights from\nit, the projections, LM head and embedding in their blocks (GGUF-native; --dequantize: bf16).")]
 pub struct Args {
     /// The model's Hugging Face config.json.
     #[arg(long, conflicts_with = "gguf", required_unless_present = "gguf")]
@@ -117,6 +117,10 @@ pub struct Args {
     /// 128 channels, then the FP8 wgmma GEMM, gemm_fp8_wgmma.cu; not yet measured on a GPU).
     #[arg(long, value_name = "KIND", default_value = "dequant")]
     fp8_prefill: kern_packs::fp8::Fp8Prefill,
+    /// Gated DeltaNet hybrids (qwen3_next, qwen3_5): the recurrent state's dtype, `f32` (the
+    /// default) or `bf16` (half the per-sequence state; packs/kernels/KERNELS.md, Gated DeltaNet).
+    #[arg(long, value_name = "DTYPE", default_value = "f32")]
+    gdn_state: kern_packs::gdn::GdnState,
 }
 
 /// `on` / `off` as a bool (clap value parser).
@@ -160,6 +164,7 @@ fn options(args: &Args) -> kern_packs::PackOptions {
         native: Default::default(),
         // Filled from the checkpoint's FP8 tensors (kern_packs::fp8::prepare).
         fp8: kern_packs::fp8::Fp8Options { prefill: args.fp8_prefill, ..Default::default() },
+        gdn_state: args.gdn_state,
     }
 }
 

@@ -111,6 +111,7 @@ pub fn from_hf(v: &Value) -> Result<Config, String> {
         layer_types,
         rope_pairs: RopePairs::Halves,
         tensor_prefix: if multimodal { "language_model.model.".into() } else { "model.".into() },
+        hybrid: None,
     })
 }
 

@@ -66,6 +66,7 @@ pub fn from_hf(v: &Value) -> Result<Config, String> {
         layer_types,
         rope_pairs: RopePairs::Halves,
         tensor_prefix: "model.".into(),
+        hybrid: None,
         model_type,
     })
 }

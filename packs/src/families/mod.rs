@@ -9,6 +9,8 @@
 //! | [`llama`] | `llama`, `mistral` | `llama` |
 //! | [`gemma3`] | `gemma3_text`, `gemma3` (its text model) | `gemma3` |
 //! | [`qwen3_moe`] | `qwen3_moe` | `qwen3moe` |
+//! | [`qwen3_next`] | `qwen3_next` | — |
+//! | [`qwen3_5`] | `qwen3_5_text`, `qwen3_5` (text) | — |
 //!
 //! Adding a family: a module with the five functions of [`FamilyDef`] and a row in
 //! [`FAMILIES`]; no engine crate changes.
@@ -16,7 +18,9 @@
 pub mod gemma3;
 pub mod llama;
 pub mod qwen;
+pub mod qwen3_5;
 pub mod qwen3_moe;
+pub mod qwen3_next;
 
 use crate::config::Config;
 use kern_weights::gguf::{Gguf, Value as GValue};
@@ -30,6 +34,8 @@ pub enum Family {
     Llama,
     Gemma3,
     Qwen3Moe,
+    Qwen3Next,
+    Qwen35,
 }
 
 /// What a family provides.
@@ -102,6 +108,30 @@ pub const FAMILIES: &[FamilyDef] = &[
         from_gguf: qwen3_moe::from_gguf,
         gguf_name: qwen3_moe::gguf_name,
         to_hf_json: qwen3_moe::to_hf_json,
+    },
+    FamilyDef {
+        family: Family::Qwen3Next,
+        name: "qwen3_next",
+        model_types: &["qwen3_next"],
+        gguf_architectures: &[],
+        about: "Qwen3-Next (Gated DeltaNet + gated-attention hybrid, MoE with a shared expert: Qwen3-Next-80B-A3B)",
+        end_of_turn: &["<|im_end|>", "<|endoftext|>"],
+        from_hf: qwen3_next::from_hf,
+        from_gguf: qwen3_next::from_gguf,
+        gguf_name: qwen3_next::gguf_name,
+        to_hf_json: qwen3_next::to_hf_json,
+    },
+    FamilyDef {
+        family: Family::Qwen35,
+        name: "qwen3_5",
+        model_types: &["qwen3_5_text", "qwen3_5"],
+        gguf_architectures: &[],
+        about: "Qwen3.5 text (Gated DeltaNet + gated-attention hybrid, dense MLP)",
+        end_of_turn: &["<|im_end|>", "<|endoftext|>"],
+        from_hf: qwen3_5::from_hf,
+        from_gguf: qwen3_5::from_gguf,
+        gguf_name: qwen3_5::gguf_name,
+        to_hf_json: qwen3_5::to_hf_json,
     },
 ];
 
@@ -221,7 +251,8 @@ impl Hf<'_> {
             .map(|(i, t)| match t.as_str() {
                 Some("full_attention") => Ok(LayerType::Full),
                 Some("sliding_attention") => Ok(LayerType::Sliding),
-                _ => Err(format!("`layer_types[{i}]` is {t}: kern knows full_attention and sliding_attention")),
+                Some("linear_attention") => Ok(LayerType::Linear),
+                _ => Err(format!("`layer_types[{i}]` is {t}: kern knows full_attention, sliding_attention and linear_attention")),
             })
             .collect()
     }
@@ -345,6 +376,7 @@ impl Meta<'_> {
             layer_types: vec![],
             rope_pairs: crate::config::RopePairs::Halves,
             tensor_prefix: "model.".into(),
+            hybrid: None,
         })
     }
 

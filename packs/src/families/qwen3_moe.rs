@@ -42,6 +42,7 @@ pub fn from_hf(v: &Value) -> Result<Config, String> {
         decoder_sparse_step: hf.u64("decoder_sparse_step")?.unwrap_or(1),
         mlp_only_layers: dense,
         stacked: false,
+        shared_intermediate: 0,
     };
     // num_experts 0 is a dense model in transformers' rule.
     c.moe = (spec.num_experts > 0).then_some(spec);
@@ -81,7 +82,7 @@ pub fn from_gguf(g: &Gguf, arch: &str, _: &super::TensorF32<'_>) -> Result<Confi
             }
         }
     }
-    c.moe = Some(MoeSpec { num_experts: e, top_k: k, intermediate: i, norm_topk_prob: norm, decoder_sparse_step: 1, mlp_only_layers: dense, stacked: true });
+    c.moe = Some(MoeSpec { num_experts: e, top_k: k, intermediate: i, norm_topk_prob: norm, decoder_sparse_step: 1, mlp_only_layers: dense, stacked: true, shared_intermediate: 0 });
     Ok(c)
 }
 
