@@ -14,6 +14,9 @@
 #                      counting sort, grouped GEMMs vs fp64 (s = l, batch invariance), combine, the block
 #   gdn                gdn.cu (Gated DeltaNet): conv1d + conv state across chunks, chunked and recurrent
 #                      gated delta rule vs an fp64 recurrence (fp32 / bf16 states), gated RMSNorm
+#   gated              gated.cu (the hybrids' gated attention): qk_norm_rope_gated ([q | gate] rows, (1 + w) q/k
+#                      norm, partial RoPE) vs transformers' order and rope.cu, attn_output_gate, gdn_split_proj
+#                      (Qwen3-Next's per-key-head regrouping), shared_expert_gate_add, bit for bit
 # JOBS (default 2) emulations build and run at once; each one's output is printed whole, in this
 # order, with its time. Exit status 1 when any build or check fails.
 #   bash packs/kernels/verify/host_emu/run.sh
@@ -25,7 +28,7 @@ BIN="$(mktemp -d "${TMPDIR:-/tmp}/kern-host-emu.XXXXXX")"
 trap 'rm -rf "$BIN"' EXIT
 CXX=(g++ -std=c++20 -O2 -w -I "$HERE" -include "$HERE/emu.h" -x c++)
 
-NAMES=(attention-decode attention-prefill gemv-fused rope rowwise-ref sampling gemv-gguf moe fp8 gdn)
+NAMES=(attention-decode attention-prefill gemv-fused rope rowwise-ref sampling gemv-gguf moe fp8 gdn gated)
 sources() {
     case "$1" in
         attention-decode) echo "attention_decode_emu.cpp attention_emu.cpp" ;;
@@ -38,6 +41,7 @@ sources() {
         fp8) echo "fp8_emu.cpp fp8_wgmma_emu.cpp" ;;
         moe) echo "moe_emu.cpp rowwise_emu.cpp" ;;
         gdn) echo "gdn_emu.cpp" ;;
+        gated) echo "gated_emu.cpp" ;;
     esac
 }
 
