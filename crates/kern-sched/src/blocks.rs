@@ -232,6 +232,8 @@ pub struct BlockManager {
     /// Pages between forced snapshot points of a prompt (0: none; see
     /// [`BlockManager::with_snapshot_interval`]).
     snapshot_interval: usize,
+    /// Cached pages the last lookup matched before it was truncated to a snapshot.
+    last_match: usize,
 }
 
 impl BlockManager {
@@ -254,6 +256,7 @@ impl BlockManager {
             snaps: None,
             snap_of: vec![NIL; total_pages],
             snapshot_interval: 0,
+            last_match: 0,
         };
         // Lowest ids handed out first.
         for p in 0..total_pages as u32 {
@@ -296,6 +299,12 @@ impl BlockManager {
     /// Tokens between forced snapshot points (0: none).
     pub fn snapshot_interval_tokens(&self) -> usize {
         self.snapshot_interval * self.page_tokens
+    }
+
+    /// Cached GPU pages the last [`BlockManager::lookup`] matched, before the hit was truncated
+    /// to the deepest snapshot: with snapshots, where the prompt branches off a cached prefix.
+    pub fn last_match_pages(&self) -> usize {
+        self.last_match
     }
 
     /// Whether hits need snapshots ([`BlockManager::with_snapshots`]).
@@ -526,6 +535,7 @@ impl BlockManager {
             hashes.push(h);
             parent = Some((p, h));
         }
+        self.last_match = pages.len();
         if let Some(sp) = self.snaps.as_mut() {
             // A sequence with per-sequence state can only continue where a snapshot was taken.
             let keep = pages.iter().rposition(|&p| self.snap_of[p as usize] != NIL).map_or(0, |i| i + 1);

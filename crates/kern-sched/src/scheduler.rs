@@ -221,6 +221,10 @@ struct Seq {
     /// resumed after a preemption): the rows within them are prefill rows, whose page-boundary
     /// states are snapshotted.
     prefill_end: usize,
+    /// With snapshots: where the sequence's prompt branches off a cached prefix that has no
+    /// snapshot there (0: nowhere) — a prefill chunk stops there, so the next prompt sharing the
+    /// same prefix finds a snapshot at its end.
+    branch: usize,
 }
 
 impl Seq {
@@ -300,7 +304,7 @@ impl Scheduler {
         self.limits().check(prompt.len(), params.max_tokens)?;
         let id = self.next_id;
         self.next_id += 1;
-        self.waiting.push_back(Seq { id, tokens: prompt, computed: 0, generated: 0, pages: Vec::new(), chain: Vec::new(), slot: None, params, draft_computed: 0, proposed: Vec::new(), proposed_at: 0, prefill_end: 0 });
+        self.waiting.push_back(Seq { id, tokens: prompt, computed: 0, generated: 0, pages: Vec::new(), chain: Vec::new(), slot: None, params, draft_computed: 0, proposed: Vec::new(), proposed_at: 0, prefill_end: 0, branch: 0 });
         Ok(id)
     }
 
@@ -403,7 +407,7 @@ impl Scheduler {
             // Until it fits, or is preempted itself (then it is no longer running).
             while let Some(i) = self.running.iter().position(|s| s.id == id) {
                 let s = &mut self.running[i];
-                let n = chunk_len(&self.blocks, s.computed, s.left().min(budget), s.prefill_end);
+                let n = chunk_len(&self.blocks, s.computed, s.left().min(budget), s.prefill_end, s.branch);
                 let mut draft = Vec::new();
                 if let (1, Some(sp), true) = (n, &self.cfg.spec, draft_ok) {
                     let room = sp
@@ -452,7 +456,8 @@ impl Scheduler {
             // Cached pages hold every per-token state, the draft program's included.
             front.draft_computed = cached;
             front.prefill_end = front.tokens.len();
-            let n = chunk_len(&self.blocks, cached, front.left().min(budget), front.prefill_end);
+            front.branch = if self.blocks.snapshots() { self.blocks.last_match_pages() * pt } else { 0 };
+            let n = chunk_len(&self.blocks, cached, front.left().min(budget), front.prefill_end, front.branch);
             if self.blocks.ensure(&mut front.pages, cached + n).is_err() {
                 // Give the hits back; try again after pages are freed.
                 self.blocks.release(&mut front.pages);
@@ -865,12 +870,13 @@ fn seq_view<'a>(s: &'a Seq, tokens: &'a [u32], offset: usize, start: usize, n: u
 /// How many of the `n` tokens the budget allows from `start` a prefill chunk takes. Without
 /// snapshots, all. With snapshots (per-sequence states), chunks end at page boundaries so that
 /// the state there can be saved: a chunk that would cross the deepest page boundary before the
-/// known tokens' end (`prefill_end`; the deepest point a later identical prompt can hit) — or,
-/// with a snapshot interval, the next multiple of it — stops there; a chunk that stops short of
-/// the end is cut back to the last page boundary it crosses (unless that leaves nothing: then
-/// it runs unaligned, and the next chunk aligns). A decode row (one token past the known ones)
-/// is never cut.
-fn chunk_len(blocks: &BlockManager, start: usize, n: usize, prefill_end: usize) -> usize {
+/// known tokens' end (`prefill_end`; the deepest point a later identical prompt can hit) — or
+/// the point where the prompt branches off a cached prefix without a snapshot there (`branch`),
+/// or, with a snapshot interval, the next multiple of it — stops there; a chunk that stops short
+/// of the end is cut back to the last page boundary it crosses (unless that leaves nothing:
+/// then it runs unaligned, and the next chunk aligns). A decode row (one token past the known
+/// ones) is never cut.
+fn chunk_len(blocks: &BlockManager, start: usize, n: usize, prefill_end: usize, branch: usize) -> usize {
     if !blocks.snapshots() || start >= prefill_end {
         return n;
     }
@@ -878,7 +884,10 @@ fn chunk_len(blocks: &BlockManager, start: usize, n: usize, prefill_end: usize) 
     let end = start + n;
     let last = (prefill_end - 1) / pt * pt;
     let every = blocks.snapshot_interval_tokens();
-    let stop = start.checked_div(every).map_or(last, |k| ((k + 1) * every).min(last));
+    let mut stop = start.checked_div(every).map_or(last, |k| ((k + 1) * every).min(last));
+    if branch > start {
+        stop = stop.min(branch);
+    }
     if start < stop && end > stop {
         return stop - start;
     }
@@ -1513,12 +1522,18 @@ mod tests {
         assert_eq!((s.cache_stats().hits, s.cache_stats().snapshots_restored), (20, 1));
         assert_eq!(fake.seq.as_ref().unwrap().restores, 1);
         // A prompt that shares 18 tokens: pages up to 16 are cached but no snapshot lies within
-        // them, so it is computed from the start (the hit would need the state at 16).
+        // them, so it is computed from the start (the hit would need the state at 16) — and its
+        // first chunk stops where it branches off, at 16, so the state there is saved...
         let b: Vec<u32> = a[..18].iter().copied().chain([900, 901, 902]).collect();
-        let (out_b, row, _) = run_one(&mut s, &mut fake, &b, 3);
+        let (out_b, row, first) = run_one(&mut s, &mut fake, &b, 3);
         assert_eq!(out_b, reference(stateful, &b, 3));
-        assert_eq!(row.0, 0);
+        assert_eq!((row, first.snapshot_saves.len()), ((0, 16), 1));
         assert_eq!(s.cache_stats().snapshot_truncated, 16);
+        // ... and the next prompt sharing those 16 tokens hits there.
+        let b2: Vec<u32> = a[..17].iter().copied().chain([800, 801, 802, 803, 804]).collect();
+        let (out_b2, row, first) = run_one(&mut s, &mut fake, &b2, 3);
+        assert_eq!(out_b2, reference(stateful, &b2, 3));
+        assert_eq!((row.0, first.snapshot_restores.len()), (16, 1));
         // A longer prompt extending `a` (the next turn of a conversation) hits at 20.
         let c: Vec<u32> = a.iter().copied().chain(out.iter().copied()).chain([7, 7, 7, 7, 7]).collect();
         let (out_c, row, _) = run_one(&mut s, &mut fake, &c, 3);
