@@ -104,7 +104,7 @@ fn hybrid_presets_pass_kern_check_with_their_states_and_layer_kinds() {
             // The gated attention reads its own q rows; the projection holds [q | gate] per head.
             let qkv = m.buffer("qkv").unwrap();
             assert_eq!(m.shape(qkv, &m.vars_at_max()).unwrap()[1], ((2 * cfg.num_attention_heads + 2 * cfg.kv_heads()) * cfg.head_dim()) as i64);
-            let a_log = &m.buffers[m.buffer(&format!("model.layers.0.linear_attn.A_log")).unwrap().0];
+            let a_log = &m.buffers[m.buffer("model.layers.0.linear_attn.A_log").unwrap().0];
             assert_eq!(a_log.dtype, DType::F32, "{what}: A_log as f32");
         }
     }

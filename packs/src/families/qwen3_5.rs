@@ -42,10 +42,7 @@ pub fn gguf_name(_: &str) -> Option<String> {
 }
 
 pub fn to_hf_json(c: &Config) -> Value {
-    let mut v = super::qwen3_next::hybrid_json(c, "Qwen3_5ForCausalLM", "qwen3_5_text");
-    v["bos_token_id"] = Value::Null;
-    v["eos_token_id"] = 248046.into();
-    v
+    super::qwen3_next::hybrid_json(c, "Qwen3_5ForCausalLM", "qwen3_5_text")
 }
 
 #[cfg(test)]

@@ -157,7 +157,7 @@ pub(crate) fn hybrid_json(c: &Config, arch: &str, model_type: &str) -> Value {
     let h = c.hybrid.as_ref().expect("a hybrid config");
     let types: Vec<&str> = c.layer_types.iter().map(|t| if *t == LayerType::Linear { "linear_attention" } else { "full_attention" }).collect();
     // full_attention_interval when the layers follow the rule (older readers compute them from it).
-    let interval = (1..=c.num_hidden_layers).find(|&k| c.layer_types.iter().enumerate().all(|(i, t)| (*t == LayerType::Full) == ((i as u64 + 1) % k == 0)));
+    let interval = (1..=c.num_hidden_layers).find(|&k| c.layer_types.iter().enumerate().all(|(i, t)| (*t == LayerType::Full) == (i as u64 + 1).is_multiple_of(k)));
     let mut v = json!({
         "architectures": [arch],
         "model_type": model_type,
