@@ -213,6 +213,77 @@ __device__ __forceinline__ void conv_state_impl(const bf16* __restrict__ x, unsi
 //   W = (I + M)⁻¹ diag(β e^gc) K                  U = (I + M)⁻¹ diag(β) V     (forward substitution)
 //   V' = U - W S        O = diag(e^gc) Q S + P V'        S = e^gc_last S + (diag(e^(gc_last - gc)) K)ᵀ V'
 // which is torch_chunk_gated_delta_rule's algebra. CUDA cores, fp32 throughout.
+// GDN_TC (default 0 until checked on the GPU): the chunk's products (steps 2, 4, 5, 6) on tensor cores as 3xTF32 —
+// mma.sync m16n8k8 tf32 with each fp32 operand split into a tf32 high part and a tf32 low part,
+// d += a_lo·b_hi + a_hi·b_lo + a_hi·b_hi: about fp32 accuracy (the a_lo·b_lo term, ~2^-22
+// relative, is dropped; the accumulation is the tensor cores' fp32). GDN_TC 0: CUDA-core FMAs.
+#ifndef GDN_TC
+#define GDN_TC 0
+#endif
+// Fragments (PTX ISA, m16n8k8 .tf32; g = lane / 4, t = lane % 4): A 16x8 row-major a0 (g, t),
+// a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); B 8x8 (k x n) b0 (t, g), b1 (t+4, g); C/D 16x8 c0, c1
+// (g, 2t..2t+1), c2, c3 (g+8, 2t..2t+1).
+#ifdef KERN_HOST_EMU
+// Host emulation: the warp's operands through emu.h's per-warp slots; products and sums in double,
+// rounded to fp32 once (checks the fragment indexing, not the tensor cores' rounding).
+__device__ inline void mma3_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
+    const unsigned w = threadIdx.x / 32, l = threadIdx.x % 32;
+    EmuTcSlot& me = g_emu_tc[w][l];
+    for (int i = 0; i < 4; ++i) std::memcpy(&me.a[i], &a[i], 4);
+    for (int i = 0; i < 2; ++i) std::memcpy(&me.b[i], &b[i], 4);
+    g_cta->warps[w]->arrive_and_wait();
+    auto A = [&](int row, int k) {
+        float v;
+        std::memcpy(&v, &g_emu_tc[w][4 * (row % 8) + k % 4].a[(row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)], 4);
+        return v;
+    };
+    auto B = [&](int k, int n) {
+        float v;
+        std::memcpy(&v, &g_emu_tc[w][4 * n + k % 4].b[k >= 4 ? 1 : 0], 4);
+        return v;
+    };
+    const int g = l / 4, t = l % 4;
+    float res[4];
+    for (int e = 0; e < 4; ++e) {
+        const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+        double acc = d[e];
+        for (int k = 0; k < 8; ++k) acc += (double)A(row, k) * (double)B(k, col);
+        res[e] = (float)acc;
+    }
+    g_cta->warps[w]->arrive_and_wait();
+    for (int e = 0; e < 4; ++e) d[e] = res[e];
+}
+#else
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma3_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
+    uint32_t ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        ah[i] = to_tf32(a[i]);
+        al[i] = to_tf32(a[i] - __uint_as_float(ah[i]));
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        bh[i] = to_tf32(b[i]);
+        bl[i] = to_tf32(b[i] - __uint_as_float(bh[i]));
+    }
+    mma_tf32(d, al, bh[0], bh[1]);
+    mma_tf32(d, ah, bl[0], bl[1]);
+    mma_tf32(d, ah, bh[0], bh[1]);
+}
+#endif
+
 template <int D, int BV>
 struct ChunkSmem {
     float Q[GDN_C][D + 4];   // l2-normalized q * D^-0.5
@@ -333,7 +404,31 @@ __device__ __forceinline__ void chunk_impl(bf16* __restrict__ o, const bf16* __r
             }
         }
         __syncthreads();
-        // 2. M and P on and below the diagonal: 4 x 4 blocks (bi, bj <= bi), one per thread (136 of
+#if GDN_TC
+        // 2. M and P on tensor cores: the 20 (16-row, 8-column) tiles on and below the diagonal
+        //    (m-tile mt, n-tile nt <= 2 mt + 1), both products per tile sharing the B fragments
+        for (int pr = warp; pr < 20; pr += NT / 32) {
+            const int mt = pr < 2 ? 0 : pr < 6 ? 1 : pr < 12 ? 2 : 3;
+            const int nt = pr - (mt == 0 ? 0 : mt == 1 ? 2 : mt == 2 ? 6 : 12);
+            const int m0 = mt * 16, n0 = nt * 8, g = lane >> 2, t = lane & 3;
+            float cm[4] = {}, cp[4] = {};
+            for (int d = 0; d < D; d += 8) {
+                const float ak[4] = {sm.K[m0 + g][d + t], sm.K[m0 + g + 8][d + t], sm.K[m0 + g][d + t + 4], sm.K[m0 + g + 8][d + t + 4]};
+                const float aq[4] = {sm.Q[m0 + g][d + t], sm.Q[m0 + g + 8][d + t], sm.Q[m0 + g][d + t + 4], sm.Q[m0 + g + 8][d + t + 4]};
+                const float bk[2] = {sm.K[n0 + g][d + t], sm.K[n0 + g][d + t + 4]};
+                mma3_tf32(cm, ak, bk);
+                mma3_tf32(cp, aq, bk);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = m0 + g + (e >= 2 ? 8 : 0), j = n0 + 2 * t + (e & 1);
+                const float dec = j <= i ? expf(sm.gc[i] - sm.gc[j]) : 0.f;
+                sm.M[i][j] = j < i ? sm.beta[i] * cm[e] * dec : 0.f;
+                sm.P[i][j] = cp[e] * dec;
+            }
+        }
+#else
+        // 2. (CUDA cores) M and P on and below the diagonal: 4 x 4 blocks (bi, bj <= bi), one per thread (136 of
         //    the 256 threads); the blocks above are never read (steps 3 and 5 stop at the diagonal)
         if (tid < (C / 4) * (C / 4 + 1) / 2) {
             int bi = (int)((sqrtf(8.f * (float)tid + 1.f) - 1.f) * 0.5f);
@@ -373,6 +468,7 @@ __device__ __forceinline__ void chunk_impl(bf16* __restrict__ o, const bf16* __r
                     sm.P[i][j] = p[r][cc] * dec;
                 }
         }
+#endif
         // 3. W = (I + M)⁻¹ diag(β e^gc) K and U = (I + M)⁻¹ diag(β) V by forward substitution, one
         //    column per thread (no barrier: a thread reads only its own column and M), in blocks of
         //    16 rows: the rows before the block as a product with 16 independent sums, then the
@@ -410,7 +506,77 @@ __device__ __forceinline__ void chunk_impl(bf16* __restrict__ o, const bf16* __r
             }
         }
         __syncthreads();
-        // 4. V' = U - W S and O = diag(e^gc) Q S (old S): TR rows x 4 columns per thread
+#if GDN_TC
+        static_assert(BV == 32, "GDN_TC tiling: 8 warps, 4 m-tiles x 4 n-tiles of V' and O, 8 m-tiles of S");
+        const int g = lane >> 2, t = lane & 3;
+        // 4. V' = U - W S and O = diag(e^gc) Q S (old S): warp = m-tile (warp & 3) x n-tiles 2 (warp >> 2) + {0, 1}
+        const int m0 = (warp & 3) * 16, nb = (warp >> 2) * 16;
+        float vs[2][4] = {}, oc[2][4] = {};
+        for (int d = 0; d < D; d += 8) {
+            const float aw[4] = {sm.W[m0 + g][d + t], sm.W[m0 + g + 8][d + t], sm.W[m0 + g][d + t + 4], sm.W[m0 + g + 8][d + t + 4]};
+            const float aq[4] = {sm.Q[m0 + g][d + t], sm.Q[m0 + g + 8][d + t], sm.Q[m0 + g][d + t + 4], sm.Q[m0 + g + 8][d + t + 4]};
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const float bs[2] = {sm.S[d + t][nb + 8 * j + g], sm.S[d + t + 4][nb + 8 * j + g]};
+                mma3_tf32(vs[j], aw, bs);
+                mma3_tf32(oc[j], aq, bs);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = m0 + g + (e >= 2 ? 8 : 0), col = nb + 8 * j + 2 * t + (e & 1);
+                sm.V[i][col] -= vs[j][e];
+                oc[j][e] *= sm.eg[i];
+            }
+        __syncthreads();
+        // 5. O += P V' (k up to the m-tile's last row: P is written there, zeros above the diagonal)
+        for (int k0 = 0; k0 < m0 + 16 && k0 < Lc; k0 += 8) {
+            const float ap[4] = {sm.P[m0 + g][k0 + t], sm.P[m0 + g + 8][k0 + t], sm.P[m0 + g][k0 + t + 4], sm.P[m0 + g + 8][k0 + t + 4]};
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const float bv[2] = {sm.V[k0 + t][nb + 8 * j + g], sm.V[k0 + t + 4][nb + 8 * j + g]};
+                mma3_tf32(oc[j], ap, bv);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int i = m0 + g + 8 * hh;
+                if (i < Lc) {
+                    bf16* orow = o + (size_t)(a + c0 + i) * ld_o + h * D + v0 + nb + 8 * j + 2 * t;
+                    *reinterpret_cast<uint32_t*>(orow) = pack2(oc[j][2 * hh], oc[j][2 * hh + 1]);
+                }
+            }
+        // 6. S = e^gc_last S + (diag(e^(gc_last - gc)) K)ᵀ V': warp = m-tile (16 rows of S), 4 n-tiles
+        for (int s0 = warp * 16; s0 < D; s0 += NT / 2) {
+            const float egl = sm.eg[C - 1];
+            float sc[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sc[j][e] = egl * sm.S[s0 + g + (e >= 2 ? 8 : 0)][8 * j + 2 * t + (e & 1)];
+            for (int k0 = 0; k0 < Lc; k0 += 8) {
+                const float e0 = sm.ek[k0 + t], e1 = sm.ek[k0 + t + 4];
+                const float ak[4] = {sm.K[k0 + t][s0 + g] * e0, sm.K[k0 + t][s0 + g + 8] * e0, sm.K[k0 + t + 4][s0 + g] * e1,
+                                     sm.K[k0 + t + 4][s0 + g + 8] * e1};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float bv[2] = {sm.V[k0 + t][8 * j + g], sm.V[k0 + t + 4][8 * j + g]};
+                    mma3_tf32(sc[j], ak, bv);
+                }
+            }
+            // every warp has finished reading S (step 4 ended at a barrier); each element of S is
+            // read and written here by its owner only
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sm.S[s0 + g + (e >= 2 ? 8 : 0)][8 * j + 2 * t + (e & 1)] = sc[j][e];
+        }
+#else
+        // 4. (CUDA cores) V' = U - W S and O = diag(e^gc) Q S (old S): TR rows x 4 columns per thread
         constexpr int TR = C * BV / (4 * NT), SR = D * BV / (4 * NT);
         const int ti = tid / (BV / 4), tj = tid % (BV / 4);
         float acc[TR][4] = {};
@@ -500,6 +666,7 @@ __device__ __forceinline__ void chunk_impl(bf16* __restrict__ o, const bf16* __r
                     sv = fmaf(eg, sv, up[r][cc]);
                 }
         }
+#endif
     }
     __syncthreads();
     for (int i = tid; i < D * BV; i += NT) {
@@ -641,7 +808,7 @@ __device__ __forceinline__ void norm_gated_impl(bf16* out, const bf16* x, const 
         gdn::conv_state_impl<GDN_D, ST>(x, state, query_start, positions, seq_slots, seqs, ld_x, num_k_heads,         \
                                         num_v_heads, layer, num_layers);                                               \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GDN_CHUNK_THREADS)                                                    \
+    extern "C" __global__ void __launch_bounds__(GDN_CHUNK_THREADS, 1)                                                 \
         gdn_chunk_##SUF(bf16* o, const bf16* y, const bf16* b, const bf16* a, const float* A_log,                     \
                         const float* dt_bias, unsigned char* state, const int* query_start, const int* positions,       \
                         const int* seq_slots, int seqs, int ld_y, int ld_ab, int ld_o, int num_k_heads,                 \

@@ -14,6 +14,7 @@
 #                      counting sort, grouped GEMMs vs fp64 (s = l, batch invariance), combine, the block
 #   gdn                gdn.cu (Gated DeltaNet): conv1d + conv state across chunks, chunked and recurrent
 #                      gated delta rule vs an fp64 recurrence (fp32 / bf16 states), gated RMSNorm
+#   gdn-tc             the same with gdn.cu's chunk products on (emulated) tensor cores (GDN_TC 1)
 #   gated              gated.cu (the hybrids' gated attention): qk_norm_rope_gated ([q | gate] rows, (1 + w) q/k
 #                      norm, partial RoPE) vs transformers' order and rope.cu, attn_output_gate, gdn_split_proj
 #                      (Qwen3-Next's per-key-head regrouping), shared_expert_gate_add, bit for bit
@@ -28,7 +29,7 @@ BIN="$(mktemp -d "${TMPDIR:-/tmp}/kern-host-emu.XXXXXX")"
 trap 'rm -rf "$BIN"' EXIT
 CXX=(g++ -std=c++20 -O2 -w -I "$HERE" -include "$HERE/emu.h" -x c++)
 
-NAMES=(attention-decode attention-prefill gemv-fused rope rowwise-ref sampling gemv-gguf moe fp8 gdn gated)
+NAMES=(attention-decode attention-prefill gemv-fused rope rowwise-ref sampling gemv-gguf moe fp8 gdn gdn-tc gated)
 sources() {
     case "$1" in
         attention-decode) echo "attention_decode_emu.cpp attention_emu.cpp" ;;
@@ -41,6 +42,7 @@ sources() {
         fp8) echo "fp8_emu.cpp fp8_wgmma_emu.cpp" ;;
         moe) echo "moe_emu.cpp rowwise_emu.cpp" ;;
         gdn) echo "gdn_emu.cpp" ;;
+        gdn-tc) echo "gdn_tc_emu.cpp" ;;
         gated) echo "gated_emu.cpp" ;;
     esac
 }
