@@ -73,24 +73,24 @@ pub fn tensors(cfg: &Config) -> Vec<TensorSpec> {
             out.push(t(format!("{a}.norm.weight"), vec![dd], Init::NormOne));
             out.push(t(format!("{a}.out_proj.weight"), vec![h, vd], lin));
         } else {
-        // A hybrid's q projection writes [q | gate] per head.
-        let q_rows = if cfg.hybrid.is_some() { 2 * hq * d } else { hq * d };
-        out.push(t(format!("{p}.self_attn.q_proj.weight"), vec![q_rows, h], lin));
-        out.push(t(format!("{p}.self_attn.k_proj.weight"), vec![hkv * d, h], lin));
-        out.push(t(format!("{p}.self_attn.v_proj.weight"), vec![hkv * d, h], lin));
-        if cfg.qkv_bias() {
-            out.push(t(format!("{p}.self_attn.q_proj.bias"), vec![hq * d], lin));
-            out.push(t(format!("{p}.self_attn.k_proj.bias"), vec![hkv * d], lin));
-            out.push(t(format!("{p}.self_attn.v_proj.bias"), vec![hkv * d], lin));
-        }
-        if cfg.qk_norm() {
-            out.push(t(format!("{p}.self_attn.q_norm.weight"), vec![d], norm));
-            out.push(t(format!("{p}.self_attn.k_norm.weight"), vec![d], norm));
-        }
-        out.push(t(format!("{p}.self_attn.o_proj.weight"), vec![h, hq * d], lin));
-        if cfg.o_bias {
-            out.push(t(format!("{p}.self_attn.o_proj.bias"), vec![h], lin));
-        }
+            // A hybrid's q projection writes [q | gate] per head.
+            let q_rows = if cfg.hybrid.is_some() { 2 * hq * d } else { hq * d };
+            out.push(t(format!("{p}.self_attn.q_proj.weight"), vec![q_rows, h], lin));
+            out.push(t(format!("{p}.self_attn.k_proj.weight"), vec![hkv * d, h], lin));
+            out.push(t(format!("{p}.self_attn.v_proj.weight"), vec![hkv * d, h], lin));
+            if cfg.qkv_bias() {
+                out.push(t(format!("{p}.self_attn.q_proj.bias"), vec![hq * d], lin));
+                out.push(t(format!("{p}.self_attn.k_proj.bias"), vec![hkv * d], lin));
+                out.push(t(format!("{p}.self_attn.v_proj.bias"), vec![hkv * d], lin));
+            }
+            if cfg.qk_norm() {
+                out.push(t(format!("{p}.self_attn.q_norm.weight"), vec![d], norm));
+                out.push(t(format!("{p}.self_attn.k_norm.weight"), vec![d], norm));
+            }
+            out.push(t(format!("{p}.self_attn.o_proj.weight"), vec![h, hq * d], lin));
+            if cfg.o_bias {
+                out.push(t(format!("{p}.self_attn.o_proj.bias"), vec![h], lin));
+            }
         }
         out.push(t(format!("{p}.post_attention_layernorm.weight"), vec![h], norm));
         if cfg.sandwich_norms {
