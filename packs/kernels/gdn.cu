@@ -213,7 +213,10 @@ __device__ __forceinline__ void conv_state_impl(const bf16* __restrict__ x, unsi
 //   W = (I + M)⁻¹ diag(β e^gc) K                  U = (I + M)⁻¹ diag(β) V     (forward substitution)
 //   V' = U - W S        O = diag(e^gc) Q S + P V'        S = e^gc_last S + (diag(e^(gc_last - gc)) K)ᵀ V'
 // which is torch_chunk_gated_delta_rule's algebra. CUDA cores, fp32 throughout.
-// GDN_TC (default 0 until checked on the GPU): the chunk's products (steps 2, 4, 5, 6) on tensor cores as 3xTF32 —
+// GDN_TC (default 0): the chunk's products (steps 2, 4, 5, 6) on tensor cores as 3xTF32 — checked
+// on the H200 (gdn_verify.py 30/30) but not faster (3.63 ms vs 3.44 ms for an 8192-token prompt):
+// the products are not what bounds the kernel (most likely the latency of one 8-warp CTA per SM,
+// 165 KB of shared memory, and the serial forward substitution). The mma:
 // mma.sync m16n8k8 tf32 with each fp32 operand split into a tf32 high part and a tf32 low part,
 // d += a_lo·b_hi + a_hi·b_lo + a_hi·b_hi: about fp32 accuracy (the a_lo·b_lo term, ~2^-22
 // relative, is dropped; the accumulation is the tensor cores' fp32). GDN_TC 0: CUDA-core FMAs.
