@@ -205,6 +205,8 @@ impl Lru {
 struct SnapshotPool {
     /// The cached page each slot is attached to (NIL: free or reserved).
     page: Vec<u32>,
+    /// The prefix hash of that page when the snapshot was attached.
+    hash: Vec<PageHash>,
     reserved: Vec<bool>,
     /// Free slots (the lowest id last, so it is taken first).
     free: Vec<u32>,
@@ -283,7 +285,7 @@ impl BlockManager {
     /// slots nothing is ever hit (use the prefix cache off instead).
     pub fn with_snapshots(mut self, slots: usize) -> Self {
         assert!(slots < NIL as usize, "too many snapshot slots");
-        self.snaps = Some(SnapshotPool { page: vec![NIL; slots], reserved: vec![false; slots], free: (0..slots as u32).rev().collect(), lru: Lru::new(slots) });
+        self.snaps = Some(SnapshotPool { page: vec![NIL; slots], hash: vec![0; slots], reserved: vec![false; slots], free: (0..slots as u32).rev().collect(), lru: Lru::new(slots) });
         self
     }
 
@@ -348,10 +350,11 @@ impl BlockManager {
     }
 
     /// Attaches a reserved slot (its save made with the step just run) to cached `page`, the
-    /// page whose end its state describes. A page that is not cached, or has a snapshot already
-    /// (the same prefix computed twice at once), frees the slot instead. Returns whether it took.
-    pub fn attach_snapshot(&mut self, slot: u32, page: u32) -> bool {
-        let cached = self.cached[page as usize].is_some();
+    /// page whose end its state describes, which must hold the prefix `hash`. A page that is not
+    /// cached with that hash, or has a snapshot already (the same prefix computed twice at
+    /// once), frees the slot instead. Returns whether it took.
+    pub fn attach_snapshot(&mut self, slot: u32, page: u32, hash: PageHash) -> bool {
+        let cached = self.cached[page as usize].as_ref().is_some_and(|c| c.hash == hash);
         let Some(sp) = self.snaps.as_mut() else { return false };
         debug_assert!(sp.reserved[slot as usize], "snapshot slot {slot} attached without a reservation");
         sp.reserved[slot as usize] = false;
@@ -360,6 +363,7 @@ impl BlockManager {
             return false;
         }
         sp.page[slot as usize] = page;
+        sp.hash[slot as usize] = hash;
         sp.lru.push_back(slot);
         self.snap_of[page as usize] = slot;
         self.stats.snapshots_saved += 1;
@@ -672,7 +676,9 @@ impl BlockManager {
                     assert_eq!(lru[s], page != NIL, "snapshot slot {s}: on the LRU iff attached");
                     if page != NIL {
                         assert_eq!(self.snap_of[page as usize], s as u32, "snapshot slot {s} and page {page} disagree");
-                        assert!(self.cached[page as usize].is_some(), "snapshot slot {s} belongs to page {page}, which is not cached (evicted without its snapshot)");
+                        let c = self.cached[page as usize].as_ref();
+                        assert!(c.is_some(), "snapshot slot {s} belongs to page {page}, which is not cached (evicted without its snapshot)");
+                        assert_eq!(c.map(|c| c.hash), Some(sp.hash[s]), "snapshot slot {s} was taken for another prefix than page {page} holds now");
                     }
                 }
                 for (p, &s) in self.snap_of.iter().enumerate() {
@@ -823,7 +829,9 @@ mod tests {
         let s = b.reserve_snapshot().unwrap();
         b.check();
         assert_eq!(b.reserved_snapshots(), 1);
-        assert!(b.attach_snapshot(s, a[1]));
+        assert!(!b.attach_snapshot(s, a[1], c0.1), "a page holding another prefix never takes it");
+        let s = b.reserve_snapshot().unwrap();
+        assert!(b.attach_snapshot(s, a[1], c1.1));
         assert_eq!(b.snapshot_of(a[1]), Some(s));
         let held = a.clone();
         b.release(&mut a);
@@ -835,7 +843,7 @@ mod tests {
         assert!(b.lookup(&[1, 2, 9, 9], 9).0.is_empty(), "no snapshot within the shared page");
         // A second attach to the same page frees its slot; a cancelled one too.
         let t = b.reserve_snapshot().unwrap();
-        assert!(!b.attach_snapshot(t, held[1]));
+        assert!(!b.attach_snapshot(t, held[1], c1.1));
         let t = b.reserve_snapshot().unwrap();
         b.cancel_snapshot(t);
         b.check();

@@ -621,10 +621,10 @@ impl Scheduler {
         // (the canonical page of the sequence's chain there); otherwise its slot is freed.
         let pt = blocks_pt;
         for (id, end, snap) in saves {
-            let page = self.running.iter().find(|s| s.id == id).filter(|s| applied.contains(&s.id) && s.computed >= end).and_then(|s| s.chain.get(end / pt - 1)).map(|c| c.0);
+            let page = self.running.iter().find(|s| s.id == id).filter(|s| applied.contains(&s.id) && s.computed >= end).and_then(|s| s.chain.get(end / pt - 1)).copied();
             match page {
-                Some(p) => {
-                    self.blocks.attach_snapshot(snap, p);
+                Some((p, hash)) => {
+                    self.blocks.attach_snapshot(snap, p, hash);
                 }
                 None => self.blocks.cancel_snapshot(snap),
             }
