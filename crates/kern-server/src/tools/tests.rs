@@ -47,7 +47,7 @@ fn calls_are_parsed_from_the_model_s_format() {
         // `parameters` instead of `arguments`, arguments given as a JSON string.
         ("<tool_call>{\"name\": \"p\", \"parameters\": {\"k\": true}}</tool_call>", "", vec![call("p", "{\"k\": true}")]),
         ("<tool_call>{\"name\": \"s\", \"arguments\": \"{\\\"k\\\": 2}\"}</tool_call>", "", vec![call("s", "{\"k\": 2}")]),
-        // Bare call objects without the tags (small models write them so; llama.cpp accepts
+        // Bare call objects without the tags (small models write them so; other engines accept
         // them too): at the start of the output, one per line.
         ("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}", "", vec![call("get_weather", "{\"city\": \"Paris\"}")]),
         (
