@@ -12,7 +12,7 @@
 // rope.cu's qk_norm_rope is unchanged (it rotates whole heads of [q | k | v] rows).
 //
 // Built WITHOUT --use_fast_math: cosf / sinf / expf / rsqrtf are the library functions PyTorch calls.
-#include "common.cuh"
+#include "head_io.cuh"
 
 using namespace kern;
 
@@ -20,35 +20,6 @@ using namespace kern;
 // Flags of qk_norm_rope_gated (the same bits as rope.cu's qk_norm_rope where they overlap).
 #define GQR_NORM 1      // per-head RMSNorm of q and k heads
 #define GQR_NORM_F32 4  // ... as bf16((x · r) · (norm_offset + w)) in fp32 (Qwen3NextRMSNorm), else bf16(w · bf16(x · r))
-
-template <int E>
-struct GVec;
-template <>
-struct GVec<2> { typedef uint32_t T; };
-template <>
-struct GVec<4> { typedef uint2 T; };
-template <>
-struct GVec<8> { typedef uint4 T; };
-
-template <int E>
-static __device__ __forceinline__ void gload(const bf16* p, float (&x)[E]) {
-    typename GVec<E>::T v = *reinterpret_cast<const typename GVec<E>::T*>(p);
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(&v);
-#pragma unroll
-    for (int k = 0; k < E / 2; ++k) {
-        float2 a = unpack2(w[k]);
-        x[2 * k] = a.x;
-        x[2 * k + 1] = a.y;
-    }
-}
-template <int E>
-static __device__ __forceinline__ void gstore(bf16* p, const float (&x)[E]) {
-    typename GVec<E>::T v;
-    uint32_t* w = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-    for (int k = 0; k < E / 2; ++k) w[k] = pack2(x[2 * k], x[2 * k + 1]);
-    *reinterpret_cast<typename GVec<E>::T*>(p) = v;
-}
 
 // One warp per head of one token; lane holds elements [lane·E, lane·E + E) (D = 32·E). The rotated
 // dims d < rot_dim pair with d ± rot_dim/2, which live in lane ^ ((rot_dim/2) / E).
@@ -67,24 +38,10 @@ static __device__ __forceinline__ void gqr_head(bf16* __restrict__ q_out, const 
     // q head h at h·2D (its gate follows it); k head j at 2·Hq·D + j·D; v head j after the k heads.
     const size_t col = is_q ? (size_t)hh * 2 * D : (size_t)2 * num_heads * D + (size_t)(hh - num_heads) * D;
     float x[E];
-    gload<E>(qkv + (size_t)t * row + col + lane * E, x);
+    load_e<E>(qkv + (size_t)t * row + col + lane * E, x);
     if (is_q || is_k) {
-        if (flags & GQR_NORM) {
-            float ss = 0.f;
-#pragma unroll
-            for (int j = 0; j < E; ++j) ss += x[j] * x[j];
-            ss = warp_sum(ss);
-            const float r = rsqrtf(ss * (1.0f / (float)D) + eps);
-            float wv[E];
-            gload<E>((is_q ? q_norm_w : k_norm_w) + lane * E, wv);
-            if (flags & GQR_NORM_F32) {
-#pragma unroll
-                for (int j = 0; j < E; ++j) x[j] = rb((x[j] * r) * (norm_offset + wv[j]));
-            } else {
-#pragma unroll
-                for (int j = 0; j < E; ++j) x[j] = rb(wv[j] * rb(x[j] * r));
-            }
-        }
+        if (flags & GQR_NORM)
+            head_rms_norm<E>(x, is_q ? q_norm_w : k_norm_w, lane, eps, (flags & GQR_NORM_F32) != 0, norm_offset);
         // transformers' apply_rotary_pos_emb with rotary_dim = cos.shape[-1]: the first rot_dim dims
         // rotate (q_rot·cos + rotate_half(q_rot)·sin, every product and the sum rounded to bf16), the
         // rest pass through.
@@ -104,19 +61,14 @@ static __device__ __forceinline__ void gqr_head(bf16* __restrict__ q_out, const 
             }
         }
         if (is_q) {
-            gstore<E>(q_out + (size_t)t * num_heads * D + (size_t)hh * D + lane * E, y);
+            store_e<E>(q_out + (size_t)t * num_heads * D + (size_t)hh * D + lane * E, y);
             return;
         }
 #pragma unroll
         for (int j = 0; j < E; ++j) x[j] = y[j];
     }
-    if (slot < 0) return;
-    const int kvh = is_k ? hh - num_heads : hh - num_heads - kv_heads;
-    const long long page = slot / page_tokens;
-    const int off = slot - (int)(page * page_tokens);
-    bf16* dst = kv_base + kv_offset(page, off, layer, is_k ? 0 : 1, num_layers, page_tokens, kv_heads, D) +
-                (size_t)kvh * D + lane * E;
-    gstore<E>(dst, x);
+    kv_store_head<E>(kv_base, x, slot, is_k ? hh - num_heads : hh - num_heads - kv_heads, is_k, lane, layer, num_layers,
+                     page_tokens, kv_heads);
 }
 
 // qkv [n, (2·Hq + 2·Hkv)·D] = [Hq × (q D | gate D) | Hkv × k D | Hkv × v D] (read only);

@@ -5,7 +5,7 @@
 // Built WITHOUT --use_fast_math: cosf/sinf/rsqrtf and the fp32 divisions must be the accurate
 // library functions that PyTorch's CUDA kernels call (rotary arguments reach ~4e4 rad).
 // Layout of the KV pool: see common.cuh / KERNELS.md.
-#include "common.cuh"
+#include "head_io.cuh"
 
 using namespace kern;
 
@@ -23,35 +23,6 @@ using namespace kern;
 // adjacent; rotating them so gives, element for element, what neox rotation gives the
 // Hugging Face rows (attention's dot products do not depend on the order of head dims).
 #define QKR_ADJACENT 8
-
-template <int E>
-struct Vec;  // E bf16 values as one vector access
-template <>
-struct Vec<2> { typedef uint32_t T; };
-template <>
-struct Vec<4> { typedef uint2 T; };
-template <>
-struct Vec<8> { typedef uint4 T; };
-
-template <int E>
-static __device__ __forceinline__ void load_e(const bf16* p, float (&x)[E]) {
-    typename Vec<E>::T v = *reinterpret_cast<const typename Vec<E>::T*>(p);
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(&v);
-#pragma unroll
-    for (int k = 0; k < E / 2; ++k) {
-        float2 a = unpack2(w[k]);
-        x[2 * k] = a.x;
-        x[2 * k + 1] = a.y;
-    }
-}
-template <int E>
-static __device__ __forceinline__ void store_e(bf16* p, const float (&x)[E]) {
-    typename Vec<E>::T v;
-    uint32_t* w = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-    for (int k = 0; k < E / 2; ++k) w[k] = pack2(x[2 * k], x[2 * k + 1]);
-    *reinterpret_cast<typename Vec<E>::T*>(p) = v;
-}
 
 // One warp processes one head of one token; lane holds elements [lane*E, lane*E + E) of the
 // head (D = 32*E), so rotate_half's partner of element d lives in lane ^ 16.
@@ -79,22 +50,8 @@ static __device__ __forceinline__ void qkr_head(bf16* __restrict__ qkv, bf16* __
     const bool is_q = hh < num_heads;
     const bool is_k = !is_q && hh < num_heads + kv_heads;
     if (is_q || is_k) {
-        if (flags & QKR_NORM) {
-            float ss = 0.f;
-#pragma unroll
-            for (int j = 0; j < E; ++j) ss += x[j] * x[j];
-            ss = warp_sum(ss);
-            const float r = rsqrtf(ss * (1.0f / (float)D) + eps);
-            float wv[E];
-            load_e<E>((is_q ? q_norm_w : k_norm_w) + lane * E, wv);
-            if (flags & QKR_NORM_F32) {
-#pragma unroll
-                for (int j = 0; j < E; ++j) x[j] = rb((x[j] * r) * (norm_offset + wv[j]));
-            } else {
-#pragma unroll
-                for (int j = 0; j < E; ++j) x[j] = rb(wv[j] * rb(x[j] * r));
-            }
-        }
+        if (flags & QKR_NORM)
+            head_rms_norm<E>(x, is_q ? q_norm_w : k_norm_w, lane, eps, (flags & QKR_NORM_F32) != 0, norm_offset);
         // neox rotary: out = x*cos + rotate_half(x)*sin, every product and the sum rounded to bf16
         // (transformers apply_rotary_pos_emb on bf16 tensors with bf16 cos/sin).
         float y[E];
@@ -121,13 +78,8 @@ static __device__ __forceinline__ void qkr_head(bf16* __restrict__ qkv, bf16* __
 #pragma unroll
         for (int j = 0; j < E; ++j) x[j] = y[j];
     }
-    if (slot < 0) return;
-    const int kvh = is_k ? hh - num_heads : hh - num_heads - kv_heads;
-    const long long page = slot / page_tokens;
-    const int off = slot - (int)(page * page_tokens);
-    bf16* dst = kv_base + kv_offset(page, off, layer, is_k ? 0 : 1, num_layers, page_tokens, kv_heads, D) +
-                (size_t)kvh * D + lane * E;
-    store_e<E>(dst, x);
+    kv_store_head<E>(kv_base, x, slot, is_k ? hh - num_heads : hh - num_heads - kv_heads, is_k, lane, layer, num_layers,
+                     page_tokens, kv_heads);
 }
 
 // qkv [n, (num_heads + 2 kv_heads) * head_dim], in place for q; k and v go to the KV cache.
