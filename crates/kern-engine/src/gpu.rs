@@ -29,11 +29,14 @@ pub struct LoadOptions {
     /// pinned upload and a queued run: to measure what the host path costs
     /// (`kern bench --blocking-steps`), or to rule it out.
     pub blocking_steps: bool,
+    /// Snapshot slots of the per-sequence states (a manifest whose per-sequence states all
+    /// declare `snapshot`; ignored otherwise): [`plan::Snapshots::Auto`] by default.
+    pub snapshots: plan::Snapshots,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { device: 0, gpu_mem: None, graphs: true, capture_at_start: false, devices: Vec::new(), blocking_steps: false }
+        LoadOptions { device: 0, gpu_mem: None, graphs: true, capture_at_start: false, devices: Vec::new(), blocking_steps: false, snapshots: plan::Snapshots::Auto }
     }
 }
 
@@ -204,10 +207,10 @@ fn err(what: impl std::fmt::Display) -> ModelError {
 
 impl GpuModel {
     /// Loads `dir` (model.json, kernels, weights). `progress(done, total)` in weight bytes.
-    /// Snapshot slots of per-sequence states (a manifest declaring `snapshot`) are planned by
-    /// default ([`plan::Snapshots::Auto`]).
+    /// Snapshot slots of per-sequence states (a manifest declaring `snapshot`) as
+    /// `opts.snapshots` says.
     pub fn load(dir: &Path, opts: &LoadOptions, progress: impl FnMut(u64, u64)) -> Result<GpuModel, ModelError> {
-        Self::load_with(dir, opts, plan::Snapshots::Auto, progress)
+        Self::load_with(dir, opts, opts.snapshots, progress)
     }
 
     /// [`GpuModel::load`] with `snapshots` snapshot slots of the per-sequence states (a

@@ -85,7 +85,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         (e, "fake".to_string())
     } else {
         let dir = crate::model_dir::prepare(a.model.as_deref())?;
-        let opts = LoadOptions { device: a.device, gpu_mem: None, graphs: !a.no_graph, capture_at_start: !a.no_graph, devices: Vec::new(), blocking_steps: a.blocking_steps };
+        let opts = LoadOptions { device: a.device, gpu_mem: None, graphs: !a.no_graph, capture_at_start: !a.no_graph, devices: Vec::new(), blocking_steps: a.blocking_steps, ..Default::default() };
         let e = Engine::start(cfg, None, crate::generate::loader(dir.clone(), opts, Arc::new(Mutex::new(None))));
         (e, dir.display().to_string())
     };

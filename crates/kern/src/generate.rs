@@ -62,6 +62,12 @@ pub struct Args {
     /// Do not reuse the KV pages of prompt prefixes the prompts share.
     #[arg(long)]
     no_prefix_cache: bool,
+    /// Snapshot slots of a per-sequence state that declares `snapshot` (a hybrid's recurrent
+    /// state): how many prefix-cache snapshots it keeps, each one copy of the state (default: 1/8
+    /// of the memory left for states; 0: none, and the prefix cache stays off for such a model;
+    /// docs/kv-cache.md).
+    #[arg(long, value_name = "N")]
+    snapshot_slots: Option<u64>,
     /// Run decode steps eagerly instead of replaying CUDA graphs.
     #[arg(long)]
     no_graph: bool,
@@ -134,7 +140,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
 
     let report = Arc::new(Mutex::new(None));
-    let opts = LoadOptions { device: args.device, gpu_mem: None, graphs: !args.no_graph, capture_at_start: false, devices: args.devices.clone(), blocking_steps: false };
+    let opts = LoadOptions { device: args.device, gpu_mem: None, graphs: !args.no_graph, capture_at_start: false, devices: args.devices.clone(), blocking_steps: false, snapshots: snapshots(args.snapshot_slots) };
     let cfg = EngineConfig {
         max_batched_tokens: args.chunk,
         eos: tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),
@@ -256,4 +262,9 @@ fn write_dump(dir: &Path, prompts: &[Vec<u32>], outputs: &[Vec<u32>], logits: &[
     }
     eprintln!("wrote {}", dir.display());
     Ok(())
+}
+
+/// `--snapshot-slots`: the count given, or the plan's default.
+pub fn snapshots(n: Option<u64>) -> kern_runtime::plan::Snapshots {
+    n.map_or(kern_runtime::plan::Snapshots::Auto, kern_runtime::plan::Snapshots::Slots)
 }

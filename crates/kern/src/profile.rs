@@ -42,7 +42,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         anyhow::bail!("--batch and --context must be at least 1");
     }
     let dir = crate::model_dir::prepare(a.model.as_deref())?;
-    let opts = LoadOptions { device: a.device, gpu_mem: None, graphs: false, capture_at_start: false, devices: Vec::new(), blocking_steps: false };
+    let opts = LoadOptions { device: a.device, gpu_mem: None, graphs: false, capture_at_start: false, devices: Vec::new(), blocking_steps: false, ..Default::default() };
     let mut model = GpuModel::load(&dir, &opts, |_, _| {}).map_err(|e| anyhow!("{e}"))?;
     let (what, calls) = model.profile(a.batch, a.context, a.prefill).map_err(|e| anyhow!("{e}"))?;
     let total: f64 = calls.iter().map(|c| c.ms).sum();

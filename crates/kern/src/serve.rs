@@ -38,6 +38,12 @@ pub struct Args {
     /// GPU memory kern may take: a fraction of the device (0.9) or a size (60GiB). Default: all free memory.
     #[arg(long, value_parser = parse_gpu_mem)]
     gpu_mem: Option<GpuMem>,
+    /// Snapshot slots of a per-sequence state that declares `snapshot` (a hybrid's recurrent
+    /// state): how many prefix-cache snapshots it keeps, each one copy of the state (default: 1/8
+    /// of the memory left for states; 0: none, and the prefix cache stays off for such a model;
+    /// docs/kv-cache.md).
+    #[arg(long, value_name = "N")]
+    snapshot_slots: Option<u64>,
     /// Most sequences running at once (default: the manifest's `seqs` max).
     #[arg(long)]
     max_seqs: Option<usize>,
@@ -209,7 +215,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 Ok(Box::new(m) as Box<dyn Model>)
             })
         } else {
-            let opts = LoadOptions { device: args.device, gpu_mem: args.gpu_mem, graphs: !args.no_graph, capture_at_start: !args.no_graph, devices: args.devices.clone(), blocking_steps: false };
+            let opts = LoadOptions { device: args.device, gpu_mem: args.gpu_mem, graphs: !args.no_graph, capture_at_start: !args.no_graph, devices: args.devices.clone(), blocking_steps: false, snapshots: crate::generate::snapshots(args.snapshot_slots) };
             Engine::start(cfg, tokenizer.clone(), crate::generate::loader(dir.clone(), opts, report.clone()))
         };
         let state = AppState::new(engine.clone(), tokenizer, ServerConfig { served_model_names: names, api_key, max_logprobs: args.max_logprobs, defaults, chat_template, root: dir.display().to_string(), max_body_bytes: kern_server::DEFAULT_MAX_BODY_BYTES, tool_format, reasoning });

@@ -99,9 +99,12 @@ fn an_engine_fault_answers_500_and_exits_1() {
 fn help_lists_the_flags_and_a_missing_model_says_what_to_do() {
     let out = Command::new(env!("CARGO_BIN_EXE_kern")).args(["serve", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in ["--model", "--host", "--port", "--api-key", "--served-model-name", "--gpu-mem", "--max-seqs", "--max-batched-tokens", "--chat-template"] {
+    for flag in ["--model", "--host", "--port", "--api-key", "--served-model-name", "--gpu-mem", "--max-seqs", "--max-batched-tokens", "--chat-template", "--snapshot-slots"] {
         assert!(help.contains(flag), "{flag} missing from --help");
     }
+    let out = Command::new(env!("CARGO_BIN_EXE_kern")).args(["serve", "--model", "m", "--snapshot-slots", "many"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "a snapshot count that is not a number is a usage error");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--snapshot-slots"));
     let out = Command::new(env!("CARGO_BIN_EXE_kern")).args(["serve", "--model", "/nonexistent/model/dir", "--port", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
