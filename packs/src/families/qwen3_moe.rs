@@ -16,14 +16,13 @@ use crate::moe::MoeSpec;
 use kern_weights::gguf::Gguf;
 use serde_json::Value;
 
-pub fn from_hf(v: &Value) -> Result<Config, String> {
+/// The MoE fields of a Qwen-style config.json, each with its default when absent (`defaults`:
+/// num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size;
+/// `norm_topk`: norm_topk_prob's). `mlp_only_layers` indices past the last layer name no layer
+/// (transformers ignores them too: `kern random-weights --layers` may cut a model below its
+/// dense layers).
+pub(crate) fn read_moe(v: &Value, defaults: [u64; 4], norm_topk: bool) -> Result<MoeSpec, String> {
     let hf = Hf(v);
-    // Qwen3's attention and dense fields (its reader refuses what the kernels cannot do).
-    let mut c = super::qwen::from_hf(v)?;
-    c.family = Family::Qwen3Moe;
-    c.qk_norm = true;
-    // Indices past the last layer name no layer (transformers ignores them too: `kern
-    // random-weights --layers` may cut a model below its dense layers).
     let dense: Vec<u64> = match v.get("mlp_only_layers").filter(|x| !x.is_null()) {
         None => vec![],
         Some(a) => a
@@ -33,17 +32,26 @@ pub fn from_hf(v: &Value) -> Result<Config, String> {
             .map(|x| x.as_u64().ok_or_else(|| format!("`mlp_only_layers` has {x}: not a layer index")))
             .collect::<Result<_, _>>()?,
     };
-    // Qwen3MoeConfig's defaults.
-    let spec = MoeSpec {
-        num_experts: hf.u64("num_experts")?.unwrap_or(128),
-        top_k: hf.u64("num_experts_per_tok")?.unwrap_or(8),
-        intermediate: hf.u64("moe_intermediate_size")?.unwrap_or(768),
-        norm_topk_prob: hf.bool("norm_topk_prob")?.unwrap_or(false),
+    let shared_intermediate = if defaults[3] > 0 { hf.u64("shared_expert_intermediate_size")?.unwrap_or(defaults[3]) } else { 0 };
+    Ok(MoeSpec {
+        num_experts: hf.u64("num_experts")?.unwrap_or(defaults[0]),
+        top_k: hf.u64("num_experts_per_tok")?.unwrap_or(defaults[1]),
+        intermediate: hf.u64("moe_intermediate_size")?.unwrap_or(defaults[2]),
+        norm_topk_prob: hf.bool("norm_topk_prob")?.unwrap_or(norm_topk),
         decoder_sparse_step: hf.u64("decoder_sparse_step")?.unwrap_or(1),
         mlp_only_layers: dense,
         stacked: false,
-        shared_intermediate: 0,
-    };
+        shared_intermediate,
+    })
+}
+
+pub fn from_hf(v: &Value) -> Result<Config, String> {
+    // Qwen3's attention and dense fields (its reader refuses what the kernels cannot do).
+    let mut c = super::qwen::from_hf(v)?;
+    c.family = Family::Qwen3Moe;
+    c.qk_norm = true;
+    // Qwen3MoeConfig's defaults: 128 experts, top 8, 768 wide, no renormalisation, no shared expert.
+    let spec = read_moe(v, [128, 8, 768, 0], false)?;
     // num_experts 0 is a dense model in transformers' rule.
     c.moe = (spec.num_experts > 0).then_some(spec);
     Ok(c)

@@ -14,7 +14,6 @@
 use super::{Family, Hf};
 use crate::config::{Activation, Config, LayerType, NormKind, RopePairs};
 use crate::gdn::Hybrid;
-use crate::moe::MoeSpec;
 use serde_json::{json, Value};
 
 /// The config fields both hybrids share (Qwen3NextConfig / Qwen3_5TextConfig names and
@@ -112,28 +111,9 @@ pub(crate) fn read_hybrid(v: &Value, family: Family, model_type: &str, grouped: 
 }
 
 pub fn from_hf(v: &Value) -> Result<Config, String> {
-    let hf = Hf(v);
     let mut c = read_hybrid(v, Family::Qwen3Next, "qwen3_next", true)?;
-    let dense: Vec<u64> = match v.get("mlp_only_layers").filter(|x| !x.is_null()) {
-        None => vec![],
-        Some(a) => a
-            .as_array()
-            .ok_or_else(|| format!("`mlp_only_layers` is {a}, not a list"))?
-            .iter()
-            .map(|x| x.as_u64().ok_or_else(|| format!("`mlp_only_layers` has {x}: not a layer index")))
-            .collect::<Result<_, _>>()?,
-    };
-    // Qwen3NextConfig's defaults.
-    let spec = MoeSpec {
-        num_experts: hf.u64("num_experts")?.unwrap_or(512),
-        top_k: hf.u64("num_experts_per_tok")?.unwrap_or(10),
-        intermediate: hf.u64("moe_intermediate_size")?.unwrap_or(512),
-        norm_topk_prob: hf.bool("norm_topk_prob")?.unwrap_or(true),
-        decoder_sparse_step: hf.u64("decoder_sparse_step")?.unwrap_or(1),
-        mlp_only_layers: dense,
-        stacked: false,
-        shared_intermediate: hf.u64("shared_expert_intermediate_size")?.unwrap_or(512),
-    };
+    // Qwen3NextConfig's defaults: 512 experts, top 10, 512 wide, renormalised, a 512-wide shared expert.
+    let spec = super::qwen3_moe::read_moe(v, [512, 10, 512, 512], true)?;
     if spec.num_experts > 0 && spec.shared_intermediate == 0 {
         return Err("`shared_expert_intermediate_size` 0: Qwen3-Next's MoE layers always have a shared expert".into());
     }
