@@ -6,7 +6,9 @@
 // windows (window 1: every output is the row's own V exactly; a window longer than every context:
 // the no-window run's bits; windows whose edges skip key tiles (kt0), leave warps without a
 // visible key in a tile (`active`), need masking where no causal limit crosses the tile (`diag`),
-// and rows without a visible key in their first key tile).
+// and rows without a visible key in their first key tile); and per-row invariance: the same rows
+// under five schedules (one chunk, other cuts, behind other sequences, as one-token rows in mixed
+// steps, 16-token chunks) bit-identical, with a negative control that must differ.
 // Checks the logic (fragment layouts, swizzle, masking, tiling, work mapping), not GPU timing.
 //
 //   bash packs/kernels/verify/host_emu/run.sh
@@ -223,6 +225,105 @@ bool run_case(const Case& c, unsigned seed) {
     return ok;
 }
 
+
+// ---- per-row invariance (issue 29, docs/batch-invariance.md; the batch-invariant design relies on it): a row's output must not depend on
+// how its sequence's prompt is cut into chunks, where the row sits in its query tile, or which
+// other sequences share the step. Sequences with fixed K / V / Q per position; the same rows
+// computed under several schedules (one chunk; chunks cut at other places; behind other
+// sequences; as one-token rows in steps with prefill chunks) must be bit-identical.
+struct Piece {
+    int seq, start, count;  // rows start .. start+count-1 of sequence seq (its keys 0 .. start+count-1)
+};
+
+bool run_invariance(const char* name, int Hq, int Hkv, int D, int window, const std::vector<int>& lens,
+                    const std::vector<std::vector<std::vector<Piece>>>& schedules, unsigned seed, bool control = false) {
+    const int layers = 1, layer = 0, pt = 16, G = Hq / Hkv, S = (int)lens.size();
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    const size_t row = (size_t)Hkv * D, page_elems = (size_t)pt * layers * 2 * row;
+    int max_pages = 0, total_pages = 0;
+    std::vector<std::vector<int>> pages(S);
+    for (int s = 0; s < S; ++s) {
+        const int np = cdiv(lens[s], pt);
+        max_pages = std::max(max_pages, np);
+        for (int j = 0; j < np; ++j) pages[s].push_back(total_pages++);
+    }
+    std::vector<int> perm(total_pages);
+    for (int i = 0; i < total_pages; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (auto& ps : pages)
+        for (int& p : ps) p = perm[p];
+    std::vector<uint16_t> pool((size_t)total_pages * page_elems, BF_NAN);
+    const int q_stride = (Hq + 2 * Hkv) * D;
+    std::vector<std::vector<uint16_t>> Q(S);  // [pos][Hq·D]
+    for (int s = 0; s < S; ++s) {
+        Q[s].resize((size_t)lens[s] * Hq * D);
+        for (auto& x : Q[s]) x = bf(nd(rng));
+        for (int p = 0; p < lens[s]; ++p)
+            for (int kv = 0; kv < 2; ++kv)
+                for (size_t e = 0; e < row; ++e)
+                    pool[pages[s][p / pt] * page_elems + ((size_t)kv * pt + p % pt) * row + e] = bf(nd(rng));
+    }
+    const float scale = 1.0f / std::sqrt((float)D);
+    // (seq, pos) -> the row's Hq·D output bits, from the first schedule that computed it
+    std::vector<std::vector<std::vector<uint16_t>>> first(S);
+    for (int s = 0; s < S; ++s) first[s].resize(lens[s]);
+    int rows = 0, differ = 0, steps = 0;
+    for (size_t si = 0; si < schedules.size(); ++si) {
+        // The negative control: later schedules scale the scores by 1 + 2^-12 (one ulp of the
+        // scale is absorbed by its product with log2 e), which the check must see.
+        const float sc_step = control && si > 0 ? scale * (1.0f + 0x1p-12f) : scale;
+        for (const auto& step : schedules[si]) {
+            ++steps;
+            const int Sb = (int)step.size();
+            int T = 0;
+            for (auto& pc : step) T += pc.count;
+            std::vector<int> bt((size_t)Sb * max_pages, -1), sl, qs{0};
+            std::vector<uint16_t> qkv((size_t)T * q_stride, 0);
+            int t = 0;
+            for (int i = 0; i < Sb; ++i) {
+                const Piece& pc = step[i];
+                for (int j = 0; j < cdiv(pc.start + pc.count, pt); ++j) bt[(size_t)i * max_pages + j] = pages[pc.seq][j];
+                sl.push_back(pc.start + pc.count);
+                qs.push_back(qs.back() + pc.count);
+                for (int r = 0; r < pc.count; ++r, ++t)
+                    std::copy_n(&Q[pc.seq][(size_t)(pc.start + r) * Hq * D], Hq * D, &qkv[(size_t)t * q_stride]);
+            }
+            std::vector<uint16_t> out((size_t)T * Hq * D, BF_NAN);
+            const unsigned gx = (unsigned)(cdiv(T, 64 / G) + Sb);
+            auto* op = reinterpret_cast<kern::bf16*>(out.data());
+            auto* qp = reinterpret_cast<const kern::bf16*>(qkv.data());
+            auto* kvp = reinterpret_cast<const kern::bf16*>(pool.data());
+            emu_launch(uint3_{gx, (unsigned)Hkv, 1}, 128, [&] {
+                if (D == 128)
+                    attention_prefill_d128(op, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv,
+                                           layer, layers, pt, sc_step, window);
+                else
+                    attention_prefill_d64(op, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv,
+                                          layer, layers, pt, sc_step, window);
+            });
+            t = 0;
+            for (const Piece& pc : step)
+                for (int r = 0; r < pc.count; ++r, ++t) {
+                    std::vector<uint16_t> got(out.begin() + (size_t)t * Hq * D, out.begin() + (size_t)(t + 1) * Hq * D);
+                    auto& f = first[pc.seq][pc.start + r];
+                    if (f.empty()) {
+                        f = got;
+                    } else {
+                        ++rows;
+                        differ += f != got;
+                    }
+                }
+        }
+    }
+    const bool ok = control ? differ > 0 : rows > 0 && differ == 0;
+    std::printf("[%s] per-row invariance%s, %s: Hq=%d Hkv=%d D=%d window %d: %zu schedules, %d steps, %d rows recomputed, %d "
+                "not bit-identical to their first result\n",
+                ok ? "PASS" : "FAIL", control ? " (negative control: scores scaled by 1 + 2^-12 must differ)" : "", name, Hq, Hkv, D, window,
+                schedules.size(), steps, rows, differ);
+    return ok;
+}
+
 }  // namespace
 
 int main() {
@@ -257,6 +358,41 @@ int main() {
         fails += !run_case(c, 4321 + n);
         ++n;
     }
+    // Two sequences (300 and 140 tokens) and a third that only fills steps. Schedules: each prompt
+    // in one chunk alone; cut at 64, 100, 237 (and 17, 90); behind the other sequence; the last
+    // rows as one-token rows inside steps that carry another sequence's chunk (a decode row in a
+    // mixed step); everything in 16-token chunks.
+    auto schedules_for = [](int a, int b) {
+        std::vector<std::vector<std::vector<Piece>>> sc;
+        sc.push_back({{{0, 0, a}}, {{1, 0, b}}});
+        sc.push_back({{{0, 0, 64}}, {{0, 64, 36}, {1, 0, 17}}, {{1, 17, 73}, {0, 100, 137}}, {{0, 237, a - 237}, {1, 90, b - 90}}});
+        sc.push_back({{{2, 0, 50}, {1, 0, b}, {0, 0, a}}});
+        std::vector<std::vector<Piece>> mixed = {{{0, 0, a - 4}, {1, 0, b - 3}}};
+        for (int k = 0; k < 4; ++k) {
+            std::vector<Piece> st = {{2, 10 * k, 10}, {0, a - 4 + k, 1}};
+            if (k < 3) st.push_back({1, b - 3 + k, 1});
+            mixed.push_back(st);
+        }
+        sc.push_back(mixed);
+        std::vector<std::vector<Piece>> small;
+        for (int p = 0; p < std::max(a, b); p += 16) {
+            std::vector<Piece> st;
+            if (p < a) st.push_back({0, p, std::min(16, a - p)});
+            if (p < b) st.push_back({1, p, std::min(16, b - p)});
+            small.push_back(st);
+        }
+        sc.push_back(small);
+        return sc;
+    };
+    const std::vector<int> lens = {300, 140, 50};
+    int inv_fails = 0;
+    inv_fails += !run_invariance("G=4 D=128", 8, 2, 128, 0, lens, schedules_for(300, 140), 11);
+    inv_fails += !run_invariance("G=7 D=64", 14, 2, 64, 0, lens, schedules_for(300, 140), 12);
+    inv_fails += !run_invariance("G=1 D=128, window 100", 2, 2, 128, 100, lens, schedules_for(300, 140), 13);
+    inv_fails += !run_invariance("G=16 D=64", 16, 1, 64, 0, lens, schedules_for(300, 140), 14);
+    inv_fails += !run_invariance("G=4 D=128", 8, 2, 128, 0, lens, schedules_for(300, 140), 11, true);
+    fails += inv_fails;
+    n += 5;
     std::printf("%d passed, %d failed\n", n - fails, fails);
     return fails ? 1 : 0;
 }

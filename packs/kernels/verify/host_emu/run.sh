@@ -2,7 +2,7 @@
 # Build and run the host emulations (no GPU; g++ with C++20; emu.h runs a CTA's threads as fibers):
 #   attention-decode   attention_decode.cu + attention.cu (split decode, attention_dD; windows, D 64/128/256,
 #                      batch invariance) vs fp64
-#   attention-prefill  attention_prefill.cu (ldmatrix / mma.sync emulated) vs fp64 and attention_dD, windows
+#   attention-prefill  attention_prefill.cu (ldmatrix / mma.sync emulated) vs fp64 and attention_dD, windows, per-row invariance across schedules
 #   gemv-fused         gemm_skinny.cu's fused decode GEMVs vs rowwise.cu + gemv_bf16, bit for bit
 #   rope               rope.cu's qk_norm_rope (inv_freq table, cos_scale, adjacent pairs, Gemma's norm)
 #   rowwise-ref        rowwise.cu vs transformers-order references (Gemma3RMSNorm, GeGLU, scaled embedding)
