@@ -90,6 +90,13 @@ pub struct PackOptions {
     /// The Gated DeltaNet recurrent state's dtype (`--gdn-state`, hybrids only; [`crate::gdn`]):
     /// the `_f32` (default) or `_bf16` entries of `gdn.cu`.
     pub gdn_state: crate::gdn::GdnState,
+    /// Batch-invariant program (`--batch-invariant`, issue 29, docs/batch-invariance.md): every
+    /// projection runs the GEMV family at every step size (`gemv_bf16`, `gemm_bf16_m16`, the wide
+    /// `gemm_bf16_w32` / `w64`, the last for any M in passes of 64 rows) instead of wgmma above 64
+    /// rows, and every step's attention is `attention_prefill_dD`, decode steps included, so a
+    /// row's bits do not depend on the step it is in or on how its prompt was cut. Costs prefill
+    /// speed (W re-read per 64 rows) and long-context decode attention (no split).
+    pub batch_invariant: bool,
 }
 
 impl Default for PackOptions {
@@ -112,6 +119,7 @@ impl Default for PackOptions {
             native: Default::default(),
             fp8: Default::default(),
             gdn_state: Default::default(),
+            batch_invariant: false,
         }
     }
 }
@@ -167,6 +175,9 @@ pub enum BatchGemm {
     /// rows, and 17..32 rows when K >= 2560 (where it measured faster; 9..16 rows keep m16).
     #[default]
     Wide,
+    /// Set by [`PackOptions::batch_invariant`] (not a `--batch-gemm` value): the GEMV family for
+    /// every M, `gemm_bf16_w64` from 33 rows on, with no upper bound (no wgmma).
+    Invariant,
 }
 
 /// The values `--batch-gemm` takes, for error messages and help.
@@ -189,6 +200,7 @@ impl std::fmt::Display for BatchGemm {
         f.write_str(match self {
             BatchGemm::Skinny => "skinny",
             BatchGemm::Wide => "wide",
+            BatchGemm::Invariant => "invariant (--batch-invariant)",
         })
     }
 }
@@ -479,6 +491,31 @@ pub fn fusion_supported(cfg: &Config) -> std::result::Result<(), String> {
     }
 }
 
+/// Whether `--batch-invariant` can be written for `cfg` and `opts`: the tensor-core prefill
+/// attention must take the heads (head_dim 64 or 128, at most 16 query heads per kv head), and
+/// the weights must be bf16 (the FP8 and GGUF-block kernels switch arithmetic with M too). A
+/// hybrid's chunked and recurrent delta rules sum in different orders, so hybrids are refused.
+pub fn check_batch_invariant(cfg: &Config, opts: &PackOptions) -> std::result::Result<(), String> {
+    let mut why = vec![];
+    if let Err(e) = check_prefill_tc(cfg) {
+        why.push(format!("the tensor-core prefill attention every step would run ({e})"));
+    }
+    if !opts.native.is_empty() {
+        why.push("GGUF-native weights (pack with --dequantize)".to_string());
+    }
+    if !opts.fp8.weights.is_empty() {
+        why.push("FP8 weights".to_string());
+    }
+    if cfg.hybrid.is_some() {
+        why.push("Gated DeltaNet layers (chunked and recurrent forms sum in different orders)".to_string());
+    }
+    if why.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("--batch-invariant: not for this model and options: {} ({})", why.join("; "), cfg.model_type))
+    }
+}
+
 fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Value) -> Result<()>) -> Result<PathBuf> {
     cfg.validate().map_err(PackError::Config)?;
     if let Some(tp) = opts.tp {
@@ -497,6 +534,12 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     }
     let mut opts = opts.clone();
     opts.prefill_attention = prefill_attention_for(cfg, opts.prefill_attention);
+    if opts.batch_invariant {
+        check_batch_invariant(cfg, &opts).map_err(PackError::Config)?;
+        opts.batch_gemm = BatchGemm::Invariant;
+        opts.decode_attention = DecodeAttention::Plain;
+        opts.prefill_attention = PrefillAttention::Tc;
+    }
     let opts = &opts;
     if opts.prefill_attention == PrefillAttention::Tc {
         check_prefill_tc(cfg).map_err(PackError::Config)?;
@@ -509,9 +552,14 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     let split = (opts.decode_attention == DecodeAttention::Split).then_some(DECODE_MODULE);
     let prefill_tc = (opts.prefill_attention == PrefillAttention::Tc).then_some(PREFILL_MODULE);
     // The wide GEMMs run for 9..64 rows: only when a step can have 9 rows (tokens, or seqs for the LM head).
-    let wide = (opts.batch_gemm == BatchGemm::Wide && opts.max_tokens.max(opts.max_seqs) >= 9).then_some(WIDE_MODULE);
-    // With split decode and tensor-core prefill, attention_dD runs for no step size.
-    let unused = |m: &&str| (*m == "attention" && split.is_some() && prefill_tc.is_some()) || (*m == "rope" && cfg.hybrid.is_some());
+    let wide = (opts.batch_gemm != BatchGemm::Skinny && opts.max_tokens.max(opts.max_seqs) >= 9).then_some(WIDE_MODULE);
+    // With split decode and tensor-core prefill, attention_dD runs for no step size; batch-invariant
+    // packs run neither attention_dD nor wgmma.
+    let unused = |m: &&str| {
+        (*m == "attention" && ((split.is_some() && prefill_tc.is_some()) || opts.batch_invariant))
+            || (*m == "gemm_wgmma" && opts.batch_invariant)
+            || (*m == "rope" && cfg.hybrid.is_some())
+    };
     for m in MODULES.iter().copied().filter(|m| !unused(m)).chain(split).chain(prefill_tc).chain(wide).chain(crate::moe::module(cfg)).chain(crate::gdn::modules(cfg)) {
         // With --pdl, the build of each non-GEMM module whose kernels wait first (the GEMM
         // kernels always wait after their weight prefetch).
@@ -756,10 +804,15 @@ fn gemm_launches(n: u64, k: u64, m: &str, m_max: u64, f32_out: bool, batch: Batc
         // Measured (gemm_verify.py, H200, 2026-12-02, GEMM.md): the wide entries win at 33..64
         // rows on every Qwen shape, at 17..32 rows when K >= 2560 (at K <= 2048 a CTA has too
         // few chunks), and lose at 9..16 rows on most shapes, which keep gemm_bf16_m16.
-        let use_wide = batch == BatchGemm::Wide && (lo >= 33 || (lo >= 17 && k >= 2560));
+        let use_wide = batch != BatchGemm::Skinny && (lo >= 33 || (lo >= 17 && k >= 2560));
+        if batch == BatchGemm::Invariant && lo == 33 {
+            // Every step above 32 rows: gemm_bf16_w64 loops over passes of 64 rows.
+            out.push(launch(WIDE_MODULE, format!("gemm_bf16_w64{sfx}"), json!([format!("ceil({n}/64) * 8 * {}", within(33, None))]), 128, 0));
+            continue;
+        }
         out.push(if use_wide { wide(&entry.replace("_m", "_w"), lo, hi) } else { skinny(entry, lo, hi) });
     }
-    if m_max >= 65 {
+    if m_max >= 65 && batch != BatchGemm::Invariant {
         out.push(launch("gemm_wgmma", format!("{wg}{sfx}"), json!([format!("ceil({m}/128) * {}", within(65, None)), format!("ceil({n}/{bn})")]), 256, 197632));
     }
     out
@@ -992,6 +1045,13 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         let mut params = json!(["out buffer<bf16>", "in buffer<bf16>", "state", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>", "i32", "i32", "i32", "i32"]);
         if !split {
             params.as_array_mut().expect("array").push(json!("i32"));
+        }
+        if opts.batch_invariant {
+            // One kernel for every step: the tensor-core prefill kernel, decode rows included
+            // (its per-row bits do not depend on the step: host emulation, docs/batch-invariance.md).
+            let mut all = tc_launch(&plain);
+            all["grid"][0] = json!(format!("ceil(tokens/{})+seqs", PREFILL_ROWS / (d.hq / d.hkv)));
+            return json!({"params": params, "impl": {"launches": [all]}});
         }
         if !split && tc {
             let mut decode = plain.clone();

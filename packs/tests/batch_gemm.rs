@@ -85,3 +85,45 @@ fn skinny_batch_gemms_and_small_packs_have_no_wide_module() {
     assert_eq!(running(&m, "down_proj", "tokens", 8).0, "gemv_bf16");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// Issue 29 (`PackOptions::batch_invariant`, docs/batch-invariance.md): every projection runs the
+/// GEMV family at every step size — `gemm_bf16_w64` for any step above 32 rows, no wgmma module —
+/// and every step's attention is the one tensor-core prefill launch, decode steps included; the
+/// manifest passes `kern check`; models whose kernels cannot keep a row's bits are refused by name.
+#[test]
+fn batch_invariant_packs_run_one_arithmetic_at_every_step_size() {
+    let cfg = preset("qwen3-0.6b").unwrap();
+    let out = std::env::temp_dir().join(format!("kern-pack-invariant-{}", std::process::id()));
+    let o = PackOptions { batch_invariant: true, ..opts(BatchGemm::Wide) };
+    let m = load(&generate(&cfg, &o, &out).unwrap(), &CheckOptions::default()).unwrap();
+    assert!(!m.modules.iter().any(|x| x.name == "gemm_wgmma" || x.name == "attention" || x.name == "attention_decode"), "unused modules");
+    for (op, var, k) in [("qkv_proj", "tokens", 1024), ("down_proj", "tokens", 3072), ("lm_head", "seqs", 1024)] {
+        let sfx = if op == "lm_head" { "_f32out" } else { "" };
+        let m32 = if k >= 2560 { "gemm_bf16_w32" } else { "gemm_bf16_m32" };
+        let top = if var == "seqs" { 64 } else { 256 };
+        for rows in 1..=top {
+            let want = match rows {
+                1..=8 => "gemv_bf16",
+                9..=16 => "gemm_bf16_m16",
+                17..=32 => m32,
+                _ => "gemm_bf16_w64",
+            };
+            assert_eq!(running(&m, op, var, rows).0, format!("{want}{sfx}"), "{op} at {rows} rows");
+        }
+    }
+    // Attention: the prefill kernel alone (its PDL and plain launches split the step sizes at 8
+    // tokens), at decode steps (tokens == seqs) and prefill steps; exactly one launch runs.
+    let att = &m.ops[m.op("attention").unwrap().0];
+    assert!(att.launches.iter().all(|l| l.entry == "attention_prefill_d128"), "{:?}", att.launches.iter().map(|l| &l.entry).collect::<Vec<_>>());
+    let mut v = m.vars_at_max();
+    for (tokens, seqs) in [(1, 1), (8, 8), (64, 64), (256, 1), (200, 17)] {
+        v[m.var("tokens").unwrap().0] = tokens;
+        v[m.var("seqs").unwrap().0] = seqs;
+        let live = att.launches.iter().filter(|l| l.grid.iter().all(|g| g.eval(&v).unwrap() > 0)).count();
+        assert_eq!(live, 1, "attention at tokens {tokens} seqs {seqs}");
+    }
+    // Refused by name: Gemma 3's head_dim 256 (no tensor-core prefill kernel for it).
+    let e = generate(&preset("gemma-3-4b").unwrap(), &o, &out.join("gemma")).unwrap_err().to_string();
+    assert!(e.contains("--batch-invariant") && e.contains("head_dim"), "{e}");
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -101,6 +101,13 @@ pub struct Args {
     /// `--residual f32` and no `--tp` (otherwise the unfused program is written).
     #[arg(long, value_name = "on|off", default_value = "off", value_parser = on_off, action = clap::ArgAction::Set)]
     decode_fusion: bool,
+    /// A batch-invariant program (docs/batch-invariance.md): every projection runs the decode
+    /// GEMV family at every step size (no wgmma above 64 rows) and every step's attention is the
+    /// tensor-core prefill kernel, so a row's bits do not depend on what else is in its step or on
+    /// how its prompt was cut. Slower prefill (the weights re-read per 64 rows) and long-context
+    /// decode attention; bf16 weights with head_dim 64 or 128 only; not yet measured on a GPU
+    #[arg(long)]
+    batch_invariant: bool,
     /// With --gguf: load every weight dequantized to bf16 (kern's behaviour before GGUF-native
     /// execution) instead of keeping the projections, LM head and embedding in the file's
     /// blocks and running them with the block kernels (the default).
@@ -165,6 +172,7 @@ fn options(args: &Args) -> kern_packs::PackOptions {
         // Filled from the checkpoint's FP8 tensors (kern_packs::fp8::prepare).
         fp8: kern_packs::fp8::Fp8Options { prefill: args.fp8_prefill, ..Default::default() },
         gdn_state: args.gdn_state,
+        batch_invariant: args.batch_invariant,
     }
 }
 
@@ -512,6 +520,13 @@ mod tests {
 
     /// `--decode-fusion` reaches the pack options (default on); `kern pack` writes the fused
     /// decode program by default and the unfused one with `off`, both passing the check.
+    #[test]
+    fn kern_pack_batch_invariant_option() {
+        let f = |rest: &[&str]| parse(&[&["--config", "config.json", "-o", "out"][..], rest].concat()).map(|a| options(&a).batch_invariant);
+        assert!(!f(&[]).unwrap());
+        assert!(f(&["--batch-invariant"]).unwrap());
+    }
+
     #[test]
     fn kern_pack_decode_fusion_option() {
         let f = |rest: &[&str]| parse(&[&["--config", "config.json", "-o", "out"][..], rest].concat()).map(|a| options(&a).decode_fusion);
