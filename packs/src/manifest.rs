@@ -1369,6 +1369,9 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         m["states"][crate::gdn::STATE] = json!({"bytes_per_seq": crate::gdn::bytes_per_seq(cfg, opts.gdn_state), "snapshot": true});
         m["step"]["buffers"]["seq_slots"] = json!("seq_slots");
     }
+    if opts.batch_invariant {
+        m["batch_invariant"] = json!(true);
+    }
     if let Some(t) = opts.tp {
         m["parallel"] = json!({"tp": t});
     }

@@ -97,6 +97,9 @@ fn batch_invariant_packs_run_one_arithmetic_at_every_step_size() {
     let o = PackOptions { batch_invariant: true, ..opts(BatchGemm::Wide) };
     let m = load(&generate(&cfg, &o, &out).unwrap(), &CheckOptions::default()).unwrap();
     assert!(!m.modules.iter().any(|x| x.name == "gemm_wgmma" || x.name == "attention" || x.name == "attention_decode"), "unused modules");
+    assert!(m.batch_invariant, "the manifest declares batch_invariant (kern serve --batch-invariant checks it)");
+    let plain = load(&generate(&cfg, &opts(BatchGemm::Wide), &out.join("plain")).unwrap(), &CheckOptions::default()).unwrap();
+    assert!(!plain.batch_invariant);
     for (op, var, k) in [("qkv_proj", "tokens", 1024), ("down_proj", "tokens", 3072), ("lm_head", "seqs", 1024)] {
         let sfx = if op == "lm_head" { "_f32out" } else { "" };
         let m32 = if k >= 2560 { "gemm_bf16_w32" } else { "gemm_bf16_m32" };

@@ -56,6 +56,8 @@ pub struct Manifest {
     pub parallel: Option<Parallel>,
     /// Speculative decoding with a draft program (`speculative`, issue 18).
     pub speculative: Option<Speculative>,
+    /// The pack declares its program batch-invariant (`batch_invariant`, issue 29).
+    pub batch_invariant: bool,
     pub(crate) index: Names,
 }
 

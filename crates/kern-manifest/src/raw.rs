@@ -64,6 +64,11 @@ pub struct RawManifest {
     /// step, its own step bindings and the target buffers it reads.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculative: Option<RawSpeculative>,
+    /// kern 4.1 (issue 29, docs/batch-invariance.md): the pack's claim that every launch gives a
+    /// row the same bits whatever else is in its step and however its prompt was cut. The engine
+    /// takes it as declared; `kern serve --batch-invariant` refuses a manifest without it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub batch_invariant: bool,
 }
 
 /// kern 4.1 (issue 18): a draft program for speculative decoding. The draft proposes `k`

@@ -44,6 +44,11 @@ pub struct Args {
     /// docs/kv-cache.md).
     #[arg(long, value_name = "N")]
     snapshot_slots: Option<u64>,
+    /// Serve only a model whose manifest declares `batch_invariant` (packed with `kern pack
+    /// --batch-invariant`), so a greedy request's text does not depend on the requests beside it
+    /// (docs/batch-invariance.md); refuse any other model at start.
+    #[arg(long)]
+    batch_invariant: bool,
     /// Most sequences running at once (default: the manifest's `seqs` max).
     #[arg(long)]
     max_seqs: Option<usize>,
@@ -122,6 +127,18 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let d = crate::model_dir::prepare(args.model.as_deref())?;
         (d.clone(), Some(d))
     };
+    if args.batch_invariant && !args.fake {
+        let path = dir.join("model.json");
+        let bytes = std::fs::read(&path).with_context(|| format!("--batch-invariant: cannot read {}", path.display()))?;
+        let raw = kern_manifest::parse_raw(&bytes, &path.display().to_string()).map_err(|d| anyhow!("{d}"))?;
+        if !raw.batch_invariant {
+            bail!(
+                "--batch-invariant: {} does not declare `batch_invariant`, so a row's bits may depend on the requests in its step; repack the model with `kern pack --batch-invariant` (docs/batch-invariance.md), or serve without --batch-invariant",
+                path.display()
+            );
+        }
+        eprintln!("kern serve: batch-invariant: the manifest declares it (docs/batch-invariance.md)");
+    }
     let tokenizer = match &tok_dir {
         Some(d) if d.join("tokenizer.json").exists() => Some(Arc::new(kern_tokenizer::Tokenizer::from_dir(d)?)),
         Some(d) if !args.fake => {

@@ -99,7 +99,7 @@ fn an_engine_fault_answers_500_and_exits_1() {
 fn help_lists_the_flags_and_a_missing_model_says_what_to_do() {
     let out = Command::new(env!("CARGO_BIN_EXE_kern")).args(["serve", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in ["--model", "--host", "--port", "--api-key", "--served-model-name", "--gpu-mem", "--max-seqs", "--max-batched-tokens", "--chat-template", "--snapshot-slots"] {
+    for flag in ["--model", "--host", "--port", "--api-key", "--served-model-name", "--gpu-mem", "--max-seqs", "--max-batched-tokens", "--chat-template", "--snapshot-slots", "--batch-invariant"] {
         assert!(help.contains(flag), "{flag} missing from --help");
     }
     let out = Command::new(env!("CARGO_BIN_EXE_kern")).args(["serve", "--model", "m", "--snapshot-slots", "many"]).output().unwrap();
@@ -109,6 +109,31 @@ fn help_lists_the_flags_and_a_missing_model_says_what_to_do() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/model/dir"), "{err}");
+}
+
+/// `--batch-invariant` serves only a manifest that declares `batch_invariant` (issue 29): another
+/// model is refused at start with what to do; a declaring one gets past the check (and then
+/// needs a GPU).
+#[test]
+fn batch_invariant_serving_needs_a_manifest_that_declares_it() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = std::env::temp_dir().join(format!("kern-serve-invariant-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(root.join("examples/perseq/perseq.sm_90.cubin"), dir.join("perseq.sm_90.cubin")).unwrap();
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(root.join("examples/perseq/model.json")).unwrap()).unwrap();
+    std::fs::write(dir.join("model.json"), m.to_string()).unwrap();
+    let run = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_kern")).args(["serve", "--model", dir.to_str().unwrap(), "--port", "0", "--batch-invariant"]).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (code, err) = run();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("does not declare `batch_invariant`") && err.contains("kern pack --batch-invariant"), "{err}");
+    m["batch_invariant"] = serde_json::Value::Bool(true);
+    std::fs::write(dir.join("model.json"), m.to_string()).unwrap();
+    let (_, err) = run();
+    assert!(!err.contains("does not declare") && err.contains("batch-invariant: the manifest declares it"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `--spec-draft` on the CPU model (its own rule as the draft): the completion equals the one

@@ -114,6 +114,7 @@ pub(crate) fn check(
         warnings: vec![],
         parallel: c.parallel,
         speculative,
+        batch_invariant: raw.batch_invariant,
         index: c.names,
     })
 }

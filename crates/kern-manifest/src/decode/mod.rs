@@ -157,6 +157,16 @@ pub(crate) fn decode(doc: &Json, sink: &mut Sink) -> Option<Decoded> {
         d.ext(&p, "`speculative`");
         d.speculative(v, &p)
     });
+    let batch_invariant = o.get("batch_invariant").and_then(|(v, p)| {
+        d.ext(&p, "`batch_invariant`");
+        match v {
+            Json::Bool(b) => Some(*b),
+            other => {
+                d.sink.error(&p, format!("expected true or false (whether the program gives a row the same bits in any step), found {}", other.kind()));
+                None
+            }
+        }
+    });
     o.finish(&mut d);
 
     let declared = version.unwrap_or(SchemaVersion::LATEST);
@@ -190,6 +200,7 @@ pub(crate) fn decode(doc: &Json, sink: &mut Sink) -> Option<Decoded> {
         step,
         parallel,
         speculative,
+        batch_invariant: batch_invariant.unwrap_or(false),
     };
     Some(Decoded {
         raw,
