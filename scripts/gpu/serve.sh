@@ -9,6 +9,9 @@
 #          mkdir -p .carry/tok && cp build/test-data/qwen3-tokenizer/* .carry/tok/
 #          (wheels of openai and its deps in .whl/, see docs/gpu-results.md)
 #   there: bash scripts/gpu/serve.sh          (carry .carry .whl build/packs)
+# PACK_ARGS / SERVE_ARGS: extra `kern pack` / `kern serve` arguments — issue 29's concurrency
+# check of the batch-invariant mode is PACK_ARGS=--batch-invariant SERVE_ARGS=--batch-invariant
+# (docs/batch-invariance.md): the 256-stream outputs must then equal the alone references.
 set -uo pipefail
 K=${KERN:-.carry/kern}
 W=${KERN_SERVE_DIR:-/tmp/kern-serve}
@@ -22,7 +25,7 @@ for preset in ${PRESETS:-qwen3-0.6b qwen3-4b}; do
   d=$W/$preset
   $K random-weights --preset $preset -o $d >/dev/null 2>&1 || { row "$preset random-weights" FAIL; continue; }
   cp .carry/tok/tokenizer.json .carry/tok/tokenizer_config.json $d/
-  $K pack --config $d/config.json -o $d --kernels build/packs --max-tokens 2048 --max-seqs 256 --max-context 4096 >/dev/null || { row "$preset pack" FAIL; continue; }
+  $K pack --config $d/config.json -o $d --kernels build/packs --max-tokens 2048 --max-seqs 256 --max-context 4096 ${PACK_ARGS:-} >/dev/null || { row "$preset pack" FAIL; continue; }
   # Greedy reference: 6 prompts, each alone through kern generate (batch 1, as the server
   # runs them one after another: a different batch composition changes bf16 rounding).
   ok=1
@@ -40,7 +43,7 @@ json.dump({"prompts": [p["prompts"][0] for p in parts], "outputs": [p["outputs"]
 PY
   # Start the server; time to ready.
   t0=$(date +%s.%N)
-  $K serve --model $d --port $port --served-model-name $preset > $W/$preset-serve.log 2>&1 &
+  $K serve --model $d --port $port --served-model-name $preset ${SERVE_ARGS:-} > $W/$preset-serve.log 2>&1 &
   pid=$!
   ready=""
   for _ in $(seq 1 1200); do
