@@ -205,7 +205,11 @@ pub fn plan_with(m: &Manifest, opts: &PlanOptions, snapshots: Snapshots) -> Resu
             let max_pages = remaining.checked_div(group).unwrap_or(0).min(opts.max_pages.unwrap_or(u64::MAX));
             if snapshot_slot_bytes > 0 && max_pages > 0 {
                 let wanted = match snapshots {
-                    Snapshots::Auto => (remaining / SNAPSHOT_SHARE.1 * SNAPSHOT_SHARE.0 / snapshot_slot_bytes).min(max_pages),
+                    // At most one per page of what is left after them: slots · (slot + page
+                    // group) bytes fit in `remaining`.
+                    Snapshots::Auto => (remaining / SNAPSHOT_SHARE.1 * SNAPSHOT_SHARE.0 / snapshot_slot_bytes)
+                        .min(remaining / (snapshot_slot_bytes + group))
+                        .min(max_pages),
                     Snapshots::Slots(n) => n,
                 };
                 let bytes = wanted.checked_mul(snapshot_slot_bytes).filter(|&b| b < remaining).ok_or_else(|| {

@@ -99,4 +99,12 @@ fn snapshot_slots_come_out_of_the_pages_budget() {
     assert_eq!(capped.snapshot_slots, 7);
     // No budget: no pages, no snapshots.
     assert_eq!(plan(&m, &PlanOptions::default()).unwrap().snapshot_slots, 0);
+    // A slot much smaller than a page group: 1/8 of the memory would be more slots than the
+    // pages left after them; the plan stops at one slot per page.
+    let tiny = manifest(&M.replace(r#""rnn": {"bytes_per_seq": 4096}"#, r#""rnn": {"bytes_per_seq": 4, "snapshot": true}"#));
+    let big = PlanOptions { budget: Some(1 << 30), ..opts.clone() };
+    let p = plan(&tiny, &big).unwrap();
+    let StatePool::PerToken { pages, .. } = p.states[0] else { panic!("kv first") };
+    assert!(p.snapshot_slots > 0 && p.snapshot_slots <= pages, "{} slots, {pages} pages", p.snapshot_slots);
+    assert!(p.total_bytes() <= 1 << 30);
 }

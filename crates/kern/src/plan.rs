@@ -69,6 +69,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
             }
         }
     }
+    if p.snapshot_slots > 0 {
+        println!(
+            "  snapshots    {} per slot (every per-sequence state at a cached page boundary): {} slots, {} (docs/kv-cache.md; kern serve --snapshot-slots)",
+            human(p.snapshot_slot_bytes),
+            p.snapshot_slots,
+            human(p.snapshot_bytes())
+        );
+    }
     println!(
         "  total: {} of {} (reserve {})",
         human(p.total_bytes()),
