@@ -4,25 +4,14 @@
 
 mod common;
 
-use common::stage;
+use common::check_speculative_edit as check;
 use kern_manifest::manifest::StateSize;
-use kern_manifest::{check_bytes, CheckOptions, Diagnostics, Manifest};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/speculative.json")
-}
-
-fn check(v: &Value) -> Result<Manifest, Diagnostics> {
-    let staged = stage(&data());
-    check_bytes(&serde_json::to_vec_pretty(v).unwrap(), &staged.manifest, &CheckOptions::default())
-}
 
 /// The speculative test manifest without its draft (speculative decoding refuses per-sequence
 /// states), with the step ABI's `seq_slots` bound.
 fn base() -> Value {
-    let mut v: Value = serde_json::from_slice(&std::fs::read(data()).unwrap()).unwrap();
+    let mut v: Value = common::speculative_manifest();
     let o = v.as_object_mut().unwrap();
     o.remove("speculative");
     o.remove("programs");

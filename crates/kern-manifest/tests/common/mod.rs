@@ -84,3 +84,19 @@ pub fn stage(manifest: &Path) -> Staged {
         manifest: target,
     }
 }
+
+/// `tests/data/speculative.json`: the 4.1 manifest most extension tests edit.
+pub fn speculative_manifest_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/speculative.json")
+}
+
+/// That manifest as JSON, to edit.
+pub fn speculative_manifest() -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(speculative_manifest_path()).unwrap()).unwrap()
+}
+
+/// Checks an edited copy of it, staged beside its fixtures.
+pub fn check_speculative_edit(v: &serde_json::Value) -> Result<kern_manifest::Manifest, kern_manifest::Diagnostics> {
+    let staged = stage(&speculative_manifest_path());
+    kern_manifest::check_bytes(&serde_json::to_vec_pretty(v).unwrap(), &staged.manifest, &kern_manifest::CheckOptions::default())
+}
