@@ -11,8 +11,10 @@
       from which the router is computed as transformers does: F.linear, softmax in fp32, topk,
       norm_topk_prob, cast). A token's experts must be the same set on both sides unless the
       row is tied: the gap between transformers' k-th and (k+1)-th bf16 logits is at most the
-      largest difference between kern's and transformers' logits of that token (or one bf16
-      ulp). Lengths <= 64 run moe_gemm_s, longer ones moe_gemm_l (the earlier layers' outputs
+      spread of the differences between kern's and transformers' logits of that token,
+      max(Δ) - min(Δ) with Δ = kern - transformers (the most by which the difference of two
+      experts' logits can move from one side to the other; a shift of every logit moves none),
+      or one bf16 ulp. Lengths <= 64 run moe_gemm_s, longer ones moe_gemm_l (the earlier layers' outputs
       feed the later layers' routing). Exit 1 when an untied row differs.
   moe_check.py parity [parity.py's arguments]
       scripts/gpu/parity.py with transformers' experts pinned to the eager loop (transformers 5
@@ -83,7 +85,10 @@ def compare_routing(k_ids, k_w, k_logits, h_ids, h_w, h_logits, k):
     for t in range(T):
         z = np.sort(h_logits[t])[::-1]
         gap = float(z[k - 1] - z[k]) if E > k else float("inf")
-        disc = float(np.abs(k_logits[t] - h_logits[t]).max())
+        # Two experts swap places only if the difference of their logits changes sign between
+        # the sides: it moves by Δa - Δb, at most max(Δ) - min(Δ) (up to 2 max|Δ|).
+        delta = k_logits[t].astype(np.float64) - h_logits[t].astype(np.float64)
+        disc = float(delta.max() - delta.min())
         tied = gap <= max(disc, bf16_ulp(z[k - 1]))
         same = set(int(x) for x in k_ids[t]) == set(int(x) for x in h_ids[t])
         out["tied"] += tied
@@ -97,7 +102,7 @@ def compare_routing(k_ids, k_w, k_logits, h_ids, h_w, h_logits, k):
         else:
             out["differ"] += 1
             if len(out["examples"]) < 3:
-                out["examples"].append({"token": t, "kern": sorted(map(int, k_ids[t])), "hf": sorted(map(int, h_ids[t])), "gap": gap, "logit_diff": disc})
+                out["examples"].append({"token": t, "kern": sorted(map(int, k_ids[t])), "hf": sorted(map(int, h_ids[t])), "gap": gap, "logit_spread": disc})
     return out
 
 
@@ -224,7 +229,7 @@ def routing(a):
         for r in rows:
             log(f"{r['ref']:>5} {r['prompt_tokens']:>6} {r['layer']:>5} {r['equal']:>6} {r['tied']:>5} {r['tied_differ']:>6} {r['differ']:>6} {r['w_maxdiff']:>9.2e}")
             for ex in r["examples"]:
-                log(f"      differ at token {ex['token']}: kern {ex['kern']} hf {ex['hf']} gap {ex['gap']:.3g} logit diff {ex['logit_diff']:.3g}")
+                log(f"      differ at token {ex['token']}: kern {ex['kern']} hf {ex['hf']} gap {ex['gap']:.3g} logit spread (kern - hf) {ex['logit_spread']:.3g}")
     if a.json:
         parity.write_json(a.json, report)
     total = sum(r["tokens"] for rows in report.values() for r in rows if r["ref"] == "bf16")
@@ -382,9 +387,21 @@ def selftest():
     gap0 = np.sort(hl[0])[::-1]
     check("an untied difference is an error", (c["differ"] == 1) == (gap0[k - 1] - gap0[k] > bf16_ulp(gap0[k - 1])))
     kl4 = kl.copy()
-    kl4[0] += 10.0  # a large logit discrepancy excuses any choice (the rows disagree more than the gap)
+    kl4[0] += 10.0  # the same shift of every logit moves no difference between two experts
     c = compare_routing(ki3, kw, kl4, hi, hw, hl, k)
-    check("a discrepancy larger than the gap excuses", c["differ"] == 0)
+    check("a shift of every logit excuses nothing", (c["differ"] == 1) == (gap0[k - 1] - gap0[k] > bf16_ulp(gap0[k - 1])))
+    z0 = np.sort(hl[0])[::-1]
+    g0 = float(z0[k - 1] - z0[k])
+    a, b = int(order[0, k]), int(order[0, k - 1])  # the (k+1)-th expert and the k-th
+    ki5 = ki.copy()
+    ki5[0, k - 1] = a  # kern swaps the k-th expert for the (k+1)-th
+    for frac, excused, what in ((0.6, True, "a swap within the spread (each logit moved by 0.6 gap, opposite ways) is excused"),
+                                (0.4, False, "a swap beyond the spread (each moved by 0.4 gap) is an error")):
+        kl5 = kl.copy()
+        kl5[0, a] += frac * g0
+        kl5[0, b] -= frac * g0
+        c = compare_routing(ki5, kw, kl5, hi, hw, hl, k)
+        check(what, (c["differ"] == 0) == excused)
     cfg = parity.read_presets()["qwen3-30b-a3b"]
     b1, b64 = active_bytes(cfg, 1), active_bytes(cfg, 64)
     # Qwen3-30B-A3B: ~3.3 B active parameters (k = 8 of 128 experts) of ~30.5 B.
