@@ -21,16 +21,27 @@
 #   parity-bf16   hybrid.py parity of qwen3.5-small and qwen3-next-small packed with
 #                 --gdn-state bf16 (not in the default list: the bf16 state's error is compared
 #                 against a reference whose state is fp32)                                  (~2 min)
+#   bench         hybrid_bench.py bench (issue 30 item 5; not in the default list): GDN state bytes per
+#                 sequence (fp32 / bf16) vs KV bytes per token at qwen3-next-80b-a3b's full depth (kern
+#                 pack of its config alone), kern bench decode at batch 1 and 64 (context 256) of the
+#                 model at BENCH_LAYERS (4) of 48 layers (~14.4 GB of random weights in $WORK) beside the
+#                 floor of its ACTIVE bytes (an estimate: uniform routing), prefill of 8,192 tokens  (~4 min)
+#   serve         hybrid_bench.py serve (not in the default list): qwen3-next-small + the tokenizer in TOK
+#                 through kern serve, cache on / --no-prefix-cache, 16 requests sharing a 2,000-token
+#                 prefix one at a time: TTFT p50, cached_tokens, snapshots, greedy equality  (~2 min)
 # --budget (default 540): seconds this call may use (a device call lasts at most 600).
 # --dry-run: the plan and what is carried; runs nothing. --selftest: the scripts' own CPU checks.
 #
 # Carry: [".carry/kern" (bash scripts/gpu/prepare-carry.sh), "build/packs" (bash
-# packs/kernels/build.sh: gdn.sm_90a.cubin and gated.sm_90a.cubin must be in it)]. Environment:
+# packs/kernels/build.sh: gdn.sm_90a.cubin and gated.sm_90a.cubin must be in it)]; serve also needs
+# .carry/tok (tokenizer.json, tokenizer_config.json: carry ".carry"). Environment:
 # KERN (.carry/kern), KERNELS (build/packs), WORK (/tmp/kern-hybrid), OUT (/tmp/kern-out),
-# SHAPES (the parity shapes), PREFIX_SHAPES, STEPS (32), LENGTHS (5,70,300), DEVICE (cuda).
+# SHAPES (the parity shapes), PREFIX_SHAPES, STEPS (32), LENGTHS (5,70,300), DEVICE (cuda),
+# BENCH_LAYERS (4), BENCH_PRESET (qwen3-next-80b-a3b), TOK (.carry/tok).
 #
 # $OUT gets: hybrid.txt (the table), hybrid-parity.json / .txt, hybrid-prefix.json,
-# hybrid-logs.tgz (every section's log and kern's command lines / stderr).
+# hybrid-bench.json, hybrid-serve.json, hybrid-logs.tgz (every section's log and kern's command
+# lines / stderr).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 T0=$SECONDS
@@ -43,7 +54,7 @@ while [[ $# -gt 0 ]]; do
     --budget) BUDGET=$2; shift 2 ;;
     --dry-run) MODE=dry; shift ;;
     --selftest) MODE=selftest; shift ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     *) echo "hybrid.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -58,9 +69,12 @@ PREFIX_SHAPES=${PREFIX_SHAPES:-qwen3.5-small,qwen3-next-small}
 STEPS=${STEPS:-32}
 LENGTHS=${LENGTHS:-5,70,300}
 DEVICE=${DEVICE:-cuda}
+BENCH_LAYERS=${BENCH_LAYERS:-4}
+BENCH_PRESET=${BENCH_PRESET:-qwen3-next-80b-a3b}
+TOK=${TOK:-.carry/tok}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-declare -A NEED=([emu]=40 [parity]=120 [prefix]=60 [parity-bf16]=90)
-declare -A EST=([emu]=40 [parity]=240 [prefix]=90 [parity-bf16]=120)
+declare -A NEED=([emu]=40 [parity]=120 [prefix]=60 [parity-bf16]=90 [bench]=150 [serve]=60)
+declare -A EST=([emu]=40 [parity]=240 [prefix]=90 [parity-bf16]=120 [bench]=240 [serve]=120)
 
 log() { printf '[hybrid %4ss] %s\n' "$((SECONDS - T0))" "$*"; }
 left() { echo $((BUDGET - (SECONDS - T0))); }
@@ -70,13 +84,16 @@ if [[ $MODE == selftest ]]; then
   bash -n scripts/gpu/hybrid.sh || rc=1
   python3 -m py_compile scripts/gpu/hybrid.py scripts/gpu/parity.py || rc=1
   python3 scripts/gpu/hybrid.py selftest --kern "${KERN:-target/release/kern}" --kernels "$KD" | tail -n 12 || rc=1
+  python3 -m py_compile scripts/gpu/hybrid_bench.py || rc=1
+  python3 scripts/gpu/hybrid_bench.py selftest --kern "${KERN:-target/release/kern}" --kernels "$KD" --tok "$TOK" >"${TMPDIR:-/tmp}/hybrid_bench-selftest.log" 2>&1 || rc=1
+  grep -E "^(FAIL|SKIP)|selftest:" "${TMPDIR:-/tmp}/hybrid_bench-selftest.log"
   echo "hybrid.sh --selftest: $([[ $rc == 0 ]] && echo PASS || echo FAIL)"
   exit $rc
 fi
 
 IFS=, read -r -a SECS <<<"$SECTIONS"
 for s in "${SECS[@]}"; do
-  [[ -n ${EST[$s]:-} ]] || { echo "hybrid.sh: unknown section '$s' (emu parity prefix parity-bf16)" >&2; exit 2; }
+  [[ -n ${EST[$s]:-} ]] || { echo "hybrid.sh: unknown section '$s' (emu parity prefix parity-bf16 bench serve)" >&2; exit 2; }
 done
 cmd_of() {
   case $1 in
@@ -84,6 +101,8 @@ cmd_of() {
     parity) echo "python3 scripts/gpu/hybrid.py parity --kern $K --kernels $KD --shapes $SHAPES --lengths $LENGTHS --steps $STEPS --budget BUDGET" ;;
     prefix) echo "python3 scripts/gpu/hybrid.py prefix --kern $K --kernels $KD --shapes $PREFIX_SHAPES --steps $STEPS --budget BUDGET" ;;
     parity-bf16) echo "python3 scripts/gpu/hybrid.py parity --kern $K --kernels $KD --shapes qwen3.5-small,qwen3-next-small --pack-arg=--gdn-state --pack-arg=bf16 ..." ;;
+    bench) echo "python3 scripts/gpu/hybrid_bench.py bench --kern $K --kernels $KD --preset $BENCH_PRESET --layers $BENCH_LAYERS --work $W/bench --budget BUDGET (~$(( BENCH_LAYERS * 33 / 10 + 1 )) GB of weights in $W)" ;;
+    serve) echo "python3 scripts/gpu/hybrid_bench.py serve --kern $K --kernels $KD --tok $TOK --work $W/serve --budget BUDGET" ;;
   esac
 }
 if [[ $MODE == dry ]]; then
@@ -95,7 +114,10 @@ if [[ $MODE == dry ]]; then
       "$([[ $total -gt $BUDGET ]] && echo ', PAST THE BUDGET: another call')" "$(cmd_of "$s")"
   done
   echo "carried here:"
-  for p in "$K" "$KD/gdn.sm_90a.cubin" "$KD/gated.sm_90a.cubin" "$KD/gated.pdl.sm_90a.cubin" "$KD/rowwise.sm_90a.cubin"; do
+  carried=("$K" "$KD/gdn.sm_90a.cubin" "$KD/gated.sm_90a.cubin" "$KD/gated.pdl.sm_90a.cubin" "$KD/rowwise.sm_90a.cubin")
+  [[ ,$SECTIONS, == *,bench,* || ,$SECTIONS, == *,serve,* ]] && carried+=("$KD/moe.pdl.sm_90a.cubin" "$KD/gemm_wgmma.sm_90a.cubin")
+  [[ ,$SECTIONS, == *,serve,* ]] && carried+=("$TOK/tokenizer.json" "$TOK/tokenizer_config.json")
+  for p in "${carried[@]}"; do
     [[ -e $p ]] && echo "  ok      $p ($(du -sh "$p" | cut -f1))" || echo "  MISSING $p"
   done
   exit 0
@@ -117,7 +139,7 @@ run_section() {
   shift
   l=$(left)
   if [[ $l -lt ${NEED[$name]} ]]; then
-    record "$name" skipped "" 0 "budget: ${l} s left, needs ~${EST[$name]} s (run it in another call: --sections $name)"
+    record "$name" skipped - 0 "budget: ${l} s left, needs ~${EST[$name]} s (run it in another call: --sections $name)"
     log "$name: NOT RUN (${l} s left)"
     return
   fi
@@ -158,6 +180,14 @@ for s in "${SECS[@]}"; do
     prefix)
       run_section prefix env OUT="$RES" python3 scripts/gpu/hybrid.py prefix --kern "$K" --kernels "$KD" --shapes "$PREFIX_SHAPES" \
         --steps "$STEPS" --work "$W/prefix" --budget "$pb" ;;
+    bench)
+      bb=$(( $(left) - 20 )); [[ $bb -lt 1 ]] && bb=1
+      run_section bench python3 scripts/gpu/hybrid_bench.py bench --kern "$K" --kernels "$KD" --preset "$BENCH_PRESET" --layers "$BENCH_LAYERS" --work "$W/bench" \
+        --logs "$LOGS/bench-kern" --json "$RES/hybrid-bench.json" --budget "$bb" ;;
+    serve)
+      bb=$(( $(left) - 20 )); [[ $bb -lt 1 ]] && bb=1
+      run_section serve python3 scripts/gpu/hybrid_bench.py serve --kern "$K" --kernels "$KD" --tok "$TOK" --work "$W/serve" \
+        --logs "$LOGS/serve-kern" --json "$RES/hybrid-serve.json" --budget "$bb" ;;
   esac
 done
 
@@ -174,8 +204,11 @@ done
   done
   [[ -f $LOGS/prefix.log ]] && { echo; grep -A8 "^== prefix cache of the hybrids" "$LOGS/prefix.log"; }
   [[ -f $LOGS/emu.log ]] && { echo; echo "== host emulations"; grep -E "passed|FAIL" "$LOGS/emu.log" | tail -n 6; }
+  for f in hybrid-bench.txt hybrid-serve.txt; do
+    [[ -f $RES/$f ]] && { echo; cat "$RES/$f"; }
+  done
 } | tee "$OUTD/hybrid.txt"
-for f in hybrid-parity.json hybrid-parity.txt hybrid-parity-bf16.json hybrid-prefix.json; do
+for f in hybrid-parity.json hybrid-parity.txt hybrid-parity-bf16.json hybrid-prefix.json hybrid-bench.json hybrid-serve.json; do
   [[ -f $RES/$f ]] && cp "$RES/$f" "$OUTD/"
 done
 tar -czf "$OUTD/hybrid-logs.tgz" -C "$W" results logs 2>/dev/null
