@@ -25,6 +25,12 @@ one-chunk run against the batch run), with three changes for the hybrids:
     (1 / theta^(2i / rot_dim) in fp32 as the kernel computes them, within 2 ulp of transformers'),
     attention_scaling 1, the score scale = self_attn.scaling, the q/k norm's offset 1 and eps; the
     GDN state's bytes_per_seq = KERNELS.md's formula for the config and the state dtype.
+For the sparse-MoE shapes (qwen3-next-*), parity.py's routing diagnostic comes along: forward hooks
+on every `mlp.gate` keep, per layer and position, the fp32 router's top-k margin (k-th minus
+(k+1)-th logit; a near-tie when below 2^-7 of the row's largest |logit|) and the fp32 / bf16 top-k
+sets; the worst step and every failing step of each sequence get a note ("seq0 step 7 (ratio 1.026,
+FAILS the rule): router margin ... at layer 5 (bf16 picks other experts: yes)") and the row a
+`routing` entry. It explains a step; the verdict stays the rule's.
 Default prompts 5, 70, 300 tokens (a decode-sized row, one crossing a 64-token chunk and the 16-token
 pages, one crossing the pack's 256-token step) and 32 greedy steps.
 
@@ -440,7 +446,8 @@ def parity_main(argv):
 
 
 def selftest(argv):
-    """CPU checks: the prompts of the prefix run share what they should; the manifest check passes
+    """CPU checks: parity.py's MoE routing diagnostic (margins, near-ties, bf16 flips, the row's
+    `routing` and notes, no entry for a dense model); the prompts of the prefix run share what they should; the manifest check passes
     on a packed manifest against a stand-in model with transformers' numbers, and fails on a wrong
     rotary dim / layer kind (needs --kern to pack; skipped without it)."""
     ap = argparse.ArgumentParser(prog="hybrid.py selftest")
@@ -454,6 +461,7 @@ def selftest(argv):
         print(f"{'PASS' if cond else 'FAIL'} {name}")
         fails += not cond
 
+    parity.routing_selftest(check)  # the MoE routing diagnostic of the parity rows (numpy only)
     p = prefix_prompts(3, 1000)
     check("prefix prompts: 4 copies of A (300), 3 of B (70), A[:200] + 40, B + 30", [len(x) for x in p] == [300, 70, 300, 240, 70, 300, 100, 70, 50, 300]
           and p[0] == p[2] == p[5] == p[9] and p[1] == p[4] == p[7] and p[3][:200] == p[0][:200] and p[6][:70] == p[1])

@@ -35,6 +35,13 @@ Per shape (real layer counts unless the shape or --layers says otherwise):
      len(prompt)-1+j. Per step j: e_kern = max|kern_j - ref32_j|, e_bf16 = max|bf16_j - ref32_j|,
      bound = 1.5 e_bf16 + 0.01; PASS iff e_kern <= bound at every step of every sequence.
      fp32 matmuls run in full fp32 (TF32 off); bf16 runs with PyTorch's defaults.
+     Sparse-MoE models (a module whose class name contains "SparseMoe" with a `gate`): forward
+     hooks on each gate keep, per MoE layer and position, the fp32 router's top-k margin (k-th
+     minus (k+1)-th router logit; a near-tie when below TIE_REL = 2^-7 of the row's largest
+     |logit|, i.e. within bf16's resolution) and the fp32 and bf16 top-k sets. The row gets
+     `routing` (near-tie steps, bf16 flips, the worst and every failing step with its smallest
+     margin, layer, and whether bf16's set differs there) and notes; the verdict is the rule's.
+     Dense models: no hooks, no `routing` key.
   5. transformers bf16 greedy with its own KV cache (model.generate, do_sample=False,
      eos_token_id=None so it neither stops nor masks EOS — as kern's --ignore-eos; pad id 0),
      one prompt at a time: the token streams must be equal for all steps or, at the first split
@@ -394,6 +401,10 @@ def summarize_shape(shape, prompts, seqs, rates, extra=None):
                 else:
                     fails.append(f"seq{i}: {k}: max diff {c['max_diff']:.4g} (ratio {c['max_ratio']:.3f}), first split {c['first_split']}")
     row["failures"] = fails
+    routing, notes = routing_summary(seqs)
+    if routing is not None:  # a sparse-MoE model: why a step is off, never a change of the verdict
+        row["routing"] = routing
+        row["notes"] = notes
     if extra:
         row.update(extra)
     rc = row.get("rope_check")
@@ -414,6 +425,164 @@ def rope_cell(rc):
         return "FAIL"
     n = rc.get("inexact", 0)
     return "ok" if not n else f"ok ({n} 1ulp)"
+
+
+# ============================================================================ MoE routing diagnostic
+# Explains, never judges: for a shape whose transformers model has sparse-MoE blocks, which
+# experts the fp32 and bf16 references route each position to, and how close the fp32 router was
+# to choosing others. A near-tie in the fp32 router is a discontinuity: kern and the bf16
+# reference may each land on either side of it, and the logits after it differ by an expert's
+# output, not by rounding. The verdict stays the rule's (a failing step FAILs); this only says,
+# at the worst and at every failing step, whether such a discontinuity sits at that position.
+#
+# Per MoE layer and position (batch row), from the fp32 router logits l (before the softmax, which
+# is monotonic, so the top-k set on l is the top-k set on the probabilities):
+#   margin     = l_(k) - l_(k+1), the k-th largest minus the (k+1)-th (inf when k = num experts);
+#   rel margin = margin / max_e |l_e| (the row's largest |router logit|);
+#   near-tie   iff rel margin < TIE_REL = 2^-7: the two logits are within about one bf16 ulp of
+#              the row's scale (bf16 keeps 8 significant bits: its spacing is 2^-7 relative at
+#              most), so bf16 rounding of the logits or of the hidden state feeding them can swap
+#              them — "tied within bf16" in issue 26's words;
+#   bf16 flip  iff the bf16 reference's top-k SET differs from fp32's (order within it ignored);
+#              taken from the router's own chosen indices where it returns them (transformers 5's
+#              TopKRouter), else torch.topk of the fp32 softmax as transformers 4's block does.
+# Only margins, scales and top-k sets are kept (float32 [T] and int16 [T, k] per layer), never
+# the [T, experts] logits.
+TIE_REL = 2.0 ** -7
+
+
+def router_stats(logits, k, chosen=None):
+    """One MoE layer of one sequence: logits [T, E] router logits (rows = positions) -> margin
+    float32 [T] (k-th largest - (k+1)-th), scale float32 [T] (max |logit| of the row), topk
+    int16 [T, k] (the chosen set, sorted ascending). chosen: [T, k] indices the model picked
+    (its own tie-breaking) or None: the k largest logits (stable: the lower index wins a tie)."""
+    import numpy as np
+    x = np.asarray(logits, dtype=np.float64)
+    if x.ndim != 2:
+        x = x.reshape(-1, x.shape[-1])
+    t, e = x.shape
+    k = int(k)
+    if not 0 < k <= e:
+        raise ValueError(f"top-k {k} with {e} experts")
+    order = np.argsort(-x, axis=1, kind="stable")
+    srt = np.take_along_axis(x, order, axis=1)
+    margin = srt[:, k - 1] - srt[:, k] if k < e else np.full(t, np.inf)
+    scale = np.abs(x).max(axis=1) if e else np.zeros(t)
+    top = order[:, :k] if chosen is None else np.asarray(chosen).reshape(t, k)
+    return {"margin": margin.astype(np.float32), "scale": scale.astype(np.float32),
+            "topk": np.sort(top, axis=1).astype(np.int16)}
+
+
+def rel_margin(st):
+    """margin / scale of router_stats, inf where undefined (a zero row, NaN)."""
+    import numpy as np
+    m = np.asarray(st["margin"], np.float64)
+    s = np.asarray(st["scale"], np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(s > 0, m / np.where(s > 0, s, 1.0), np.where(m > 0, np.inf, 0.0))
+    return np.where(np.isnan(r), np.inf, r)
+
+
+def routing_sequence(r32, r16, prompt_len, ratio):
+    """One sequence's routing: r32 / r16 {layer: router_stats} of the fp32 / bf16 references
+    (r16 None: not captured), rows = positions 0..T-1 of prompt + generated[:-1]; ratio: the
+    rule's per-step e_kern / bound (step j <-> position prompt_len - 1 + j). Per step: the
+    smallest relative margin over the MoE layers at that position, its layer and absolute margin,
+    whether bf16's set differs from fp32's at that layer and at any layer; over all positions:
+    near-tie positions and bf16 flips. Plain Python values (JSON-ready)."""
+    import numpy as np
+    layers = sorted(r32)
+    if not layers:
+        return None
+    t = len(r32[layers[0]]["margin"])
+    n = len(ratio)
+    pos = prompt_len - 1 + np.arange(n)
+    if n and pos[-1] >= t:
+        raise ValueError(f"routing of {t} positions, steps need position {pos[-1]}")
+    rel = np.stack([rel_margin(r32[l]) for l in layers])                     # [L, T]
+    mar = np.stack([np.asarray(r32[l]["margin"], np.float64) for l in layers])
+    tie = rel < TIE_REL
+    flip = None
+    if r16:
+        common = [l for l in layers if l in r16]
+        if common != layers or any(len(r16[l]["topk"]) != t for l in layers):
+            raise ValueError(f"bf16 routing of layers {sorted(r16)} / positions differs from fp32's ({layers}, {t})")
+        flip = np.stack([(np.asarray(r32[l]["topk"]) != np.asarray(r16[l]["topk"])).any(axis=1) for l in layers])
+    li = rel[:, pos].argmin(axis=0) if n else np.zeros(0, int)               # [n]: the layer of the min
+    steps = []
+    for j in range(n):
+        p, a = int(pos[j]), int(li[j])
+        s = {"step": j, "position": p, "ratio": float(ratio[j]), "min_rel_margin": float(rel[a, p]),
+             "min_margin": float(mar[a, p]), "layer": int(layers[a]), "near_tie": bool(tie[a, p]),
+             "near_tie_layers": [int(layers[q]) for q in np.nonzero(tie[:, p])[0]]}
+        if flip is not None:
+            s["bf16_routing_differs"] = bool(flip[a, p])
+            s["bf16_differs_layers"] = [int(layers[q]) for q in np.nonzero(flip[:, p])[0]]
+        else:
+            s["bf16_routing_differs"] = None
+        steps.append(s)
+    return {"layers": [int(l) for l in layers], "top_k": int(np.asarray(r32[layers[0]]["topk"]).shape[1]),
+            "positions": t, "steps": steps,
+            "near_tie_steps": [s["step"] for s in steps if s["near_tie"]],
+            "near_tie_positions": int(tie.any(axis=0).sum()),
+            "near_tie_layer_positions": int(tie.sum()),
+            "bf16_routing_flips": None if flip is None else int(flip.sum()),
+            "bf16_flip_positions": None if flip is None else int(flip.any(axis=0).sum()),
+            "bf16_flip_steps": None if flip is None else [j for j in range(n) if flip[:, pos[j]].any()]}
+
+
+def routing_note(i, s):
+    """The printed line of one step, e.g. "seq0 step 7 (ratio 1.026, FAILS the rule): router
+    margin 3.1e-04 (rel 2.0e-04 < 2^-7: near-tie) at layer 5 (bf16 picks other experts: yes)"."""
+    yn = {True: "yes", False: "no", None: "not captured"}[s["bf16_routing_differs"]]
+    other = [l for l in (s.get("bf16_differs_layers") or []) if l != s["layer"]]
+    return (f"seq{i} step {s['step']} (ratio {s['ratio']:.3f}{', FAILS the rule' if s['ratio'] > 1.0 else ''}): "
+            f"router margin {s['min_margin']:.1e} (rel {s['min_rel_margin']:.1e}"
+            f"{' < 2^-7: near-tie' if s['near_tie'] else ''}) at layer {s['layer']} "
+            f"(bf16 picks other experts: {yn}{'; bf16 also differs at layers ' + ','.join(map(str, other)) if other else ''})")
+
+
+def routing_summary(seqs, max_steps=40):
+    """The shape row's `routing` (None when no sequence has routing: a dense model) and its notes:
+    the counts over all positions, the near-tie steps per sequence, and per sequence the worst step
+    and every failing step (ratio > 1) with its smallest router margin. Explanation only: the
+    verdict is untouched."""
+    rs = [(i, s["routing"]) for i, s in enumerate(seqs) if s.get("routing")]
+    if not rs:
+        return None, []
+    flips = [r["bf16_routing_flips"] for _, r in rs]
+    out = {"tie_rule": "fp32 router logits: (k-th largest - (k+1)-th) < 2^-7 * max|router logit| of the row",
+           "tie_rel": TIE_REL, "top_k": rs[0][1]["top_k"], "moe_layers": rs[0][1]["layers"],
+           "positions": sum(r["positions"] for _, r in rs),
+           "layer_positions": sum(r["positions"] * len(r["layers"]) for _, r in rs),
+           "near_tie_positions": sum(r["near_tie_positions"] for _, r in rs),
+           "near_tie_steps": {f"seq{i}": r["near_tie_steps"] for i, r in rs},
+           "bf16_routing_flips": None if None in flips else sum(flips),
+           "bf16_flip_positions": None if None in flips else sum(r["bf16_flip_positions"] for _, r in rs),
+           "bf16_flip_steps": {f"seq{i}": r["bf16_flip_steps"] for i, r in rs},
+           "worst_steps": [], "failing_steps": [], "n_failing_steps": 0}
+    keys = ("step", "ratio", "min_margin", "min_rel_margin", "layer", "near_tie", "bf16_routing_differs", "bf16_differs_layers")
+    fail_notes, worst_notes = [], []
+    for i, r in rs:
+        steps = r["steps"]
+        if not steps:
+            continue
+        w = max(steps, key=lambda s: s["ratio"])
+        out["worst_steps"].append(dict({"seq": i}, **{k: w.get(k) for k in keys}))
+        for s in steps:
+            if s["ratio"] > 1.0:
+                out["n_failing_steps"] += 1
+                if len(out["failing_steps"]) < max_steps:
+                    out["failing_steps"].append(dict({"seq": i}, **{k: s.get(k) for k in keys}))
+                fail_notes.append(routing_note(i, s))
+        if w["ratio"] <= 1.0:
+            worst_notes.append(routing_note(i, w) + " [worst step]")
+    n_lp = out["layer_positions"]
+    head = (f"routing (top-{out['top_k']}, MoE layers {','.join(map(str, out['moe_layers']))}): fp32 near-ties (rel margin < 2^-7) "
+            f"at {out['near_tie_positions']} of {out['positions']} positions; bf16 top-k set differs from fp32's at "
+            f"{'?' if out['bf16_routing_flips'] is None else out['bf16_routing_flips']} of {n_lp} layer-positions "
+            f"(explains, does not excuse: the rule's verdict stands)")
+    return out, [head] + fail_notes + worst_notes
 
 
 def fmt(x, spec=".4f"):
@@ -459,6 +628,8 @@ def format_table(rows):
             out.append(f"  {r['shape']}: ERROR {r['error']}")
         for f in r.get("failures", [])[:8]:
             out.append(f"  {r['shape']}: {f}")
+        for nt in r.get("notes", [])[:10]:
+            out.append(f"  {r['shape']}: note: {nt}")
     return "\n".join(out)
 
 
@@ -613,15 +784,100 @@ def read_tensor(model_dir, name):
         return f.get_tensor(name)
 
 
-def teacher_forced(model, prompts, gen_toks, device):
+def moe_blocks(model):
+    """The model's sparse-MoE blocks: [(layer index, module name, gate module, top_k)] for every
+    module whose class name contains "SparseMoe" with a `gate` holding a 2-D weight [experts,
+    hidden] (Qwen2/3-MoE, Qwen3-Next, Mixtral; transformers 4's nn.Linear gate or 5's TopKRouter);
+    top_k from the block, its gate, else the config's num_experts_per_tok. Empty: a dense model."""
+    cfg = getattr(model, "config", None)
+    get_text = getattr(cfg, "get_text_config", None)
+    tcfg = get_text() if callable(get_text) else cfg
+    k_cfg = getattr(tcfg, "num_experts_per_tok", None) or getattr(cfg, "num_experts_per_tok", None)
+    out = []
+    for name, mod in model.named_modules():
+        if "SparseMoe" not in type(mod).__name__:
+            continue
+        gate = getattr(mod, "gate", None)
+        w = getattr(gate, "weight", None)
+        if gate is None or w is None or len(getattr(w, "shape", ())) != 2:
+            continue
+        k = getattr(mod, "top_k", None) or getattr(gate, "top_k", None) or k_cfg
+        if not k:
+            continue
+        m = re.search(r"(?:^|\.)layers\.(\d+)(?:\.|$)", name)
+        out.append((int(m.group(1)) if m else len(out), name, gate, int(k)))
+    return out
+
+
+class RoutingCapture:
+    """Forward hooks on every MoE gate of moe_blocks(model) while a sequence runs: per layer,
+    router_stats of the router logits (F.linear of the gate's input and weight, in the model's
+    dtype, as transformers computes them; or the gate's output where the gate is a plain Linear)
+    and the experts the model chose (the router's returned indices, else torch.topk of the fp32
+    softmax as transformers 4's block does). Only the stats leave the GPU's [T, experts] logits."""
+
+    def __init__(self, model):
+        self.blocks = moe_blocks(model)
+        self.current, self.handles, self.errors = None, [], []
+
+    def _hook(self, layer, k):
+        def hook(mod, args, kwargs, output):
+            if self.current is None:
+                return
+            try:
+                self._capture(layer, k, mod, args, kwargs, output)
+            except Exception as e:  # noqa: BLE001 -- a diagnostic never breaks the forward it watches
+                self.errors.append(f"layer {layer}: {type(e).__name__}: {e}"[:300])
+        return hook
+
+    def _capture(self, layer, k, mod, args, kwargs, output):
+        import torch
+        import torch.nn.functional as F
+        w = mod.weight
+        if isinstance(mod, torch.nn.Linear) and isinstance(output, torch.Tensor):  # the logits themselves
+            logits = output.reshape(-1, w.shape[0])
+        else:
+            h = args[0] if args else next(iter(kwargs.values()))
+            logits = F.linear(h.reshape(-1, w.shape[1]), w, getattr(mod, "bias", None))
+        chosen = None
+        if isinstance(output, (tuple, list)):
+            for x in output:
+                if isinstance(x, torch.Tensor) and not x.is_floating_point() and x.shape[-1] == k \
+                        and x.numel() == logits.shape[0] * k:
+                    chosen = x.reshape(-1, k)
+        if chosen is None:
+            chosen = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float), k, dim=-1).indices
+        self.current[layer] = router_stats(logits.float().cpu().numpy(), k, chosen.cpu().numpy())
+
+    def __enter__(self):
+        for layer, _, gate, k in self.blocks:
+            self.handles.append(gate.register_forward_hook(self._hook(layer, k), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.current = None
+
+
+def teacher_forced(model, prompts, gen_toks, device, routing=None):
     """Rows [n, vocab] float32 per sequence: the logits at positions len(prompt)-1+j, j < n,
-    of one forward over prompt + gen[:n-1] (no cache), i.e. the logits that choose gen[j]."""
+    of one forward over prompt + gen[:n-1] (no cache), i.e. the logits that choose gen[j].
+    routing: a list, or None; a list gets one {layer: router_stats} per sequence (every position
+    of the forward) when the model has sparse-MoE blocks, and stays empty otherwise."""
+    import contextlib
     import torch
     rows = []
-    with torch.inference_mode():
+    cap = RoutingCapture(model) if routing is not None else None
+    if cap is not None and not cap.blocks:
+        cap = None
+    with torch.inference_mode(), (cap if cap is not None else contextlib.nullcontext()):
         for p, g in zip(prompts, gen_toks):
             n = len(g)
             ids = torch.tensor([list(p) + list(g[:n - 1])], device=device)
+            if cap is not None:
+                cap.current = {}
             try:  # the last n positions only: a long prompt's full [len, vocab] fp32 logits are GBs
                 logits = model(input_ids=ids, use_cache=False, logits_to_keep=n).logits
             except TypeError:
@@ -629,6 +885,15 @@ def teacher_forced(model, prompts, gen_toks, device):
             assert logits.shape[1] in (n, len(p) + n - 1), logits.shape
             rows.append(logits[0, -n:].float().cpu().numpy())
             del logits
+            if cap is not None:  # an incomplete capture drops this sequence's diagnostic, never the run
+                got = cap.current
+                if cap.errors or len(got) != len(cap.blocks) or any(len(st["margin"]) != ids.shape[1] for st in got.values()):
+                    log(f"  routing capture incomplete (diagnostic dropped for this sequence): {len(got)} of "
+                        f"{len(cap.blocks)} MoE layers, positions {sorted(set(len(st['margin']) for st in got.values()))} "
+                        f"for {ids.shape[1]} tokens {cap.errors[:2]}")
+                    got = None
+                    cap.errors = []
+                routing.append(got)
     return rows
 
 
@@ -684,14 +949,20 @@ def hf_side(model_dir, prompts, kern_toks, steps, device, attn):
         traceback.print_exc()
         out["rope_check"] = {"pass": False, "error": f"{type(e).__name__}: {e}"[:300], "problems": [f"{type(e).__name__}: {e}"[:300]]}
     t = time.time()
-    out["ref32"] = teacher_forced(m, prompts, kern_toks, device)
+    blocks = moe_blocks(m)
+    if blocks:
+        log(f"  routing diagnostic: {len(blocks)} sparse-MoE blocks ({type(m.get_submodule(blocks[0][1])).__name__}, "
+            f"gate {type(blocks[0][2]).__name__}, top-{blocks[0][3]}) at layers {[b[0] for b in blocks]}")
+    out["routing32"] = [] if blocks else None
+    out["ref32"] = teacher_forced(m, prompts, kern_toks, device, routing=out["routing32"])
     out["fp32_forward_s"] = round(time.time() - t, 2)
     del m
     free_cuda()
     m, t = load_hf(model_dir, torch.bfloat16, device, attn)
     out["load_bf16_s"] = round(t, 2)
     t = time.time()
-    out["bf16"] = teacher_forced(m, prompts, kern_toks, device)
+    out["routing16"] = [] if blocks else None
+    out["bf16"] = teacher_forced(m, prompts, kern_toks, device, routing=out["routing16"])
     out["bf16_forward_s"] = round(time.time() - t, 2)
     t = time.time()
     try:
@@ -801,6 +1072,12 @@ def run_shape(shape, a, kern, shape_dir, presets):
         r = evaluate_sequence(p, (run1[0][i], run1[1][i]), r2, hf["ref32"][i], hf["bf16"][i], hf_t, hf_k, run_single=s1)
         r["kern_tokens"] = run1[0][i]
         r["hf_tokens"] = hf_t
+        if hf.get("routing32") and hf["routing32"][i]:  # a sparse-MoE model: the routing diagnostic (explains, never judges)
+            r16 = hf["routing16"][i] if hf.get("routing16") else None
+            try:
+                r["routing"] = routing_sequence(hf["routing32"][i], r16, len(p), r["ratio"])
+            except Exception as e:  # noqa: BLE001 -- the diagnostic never changes the verdict, nor stops it
+                log(f"  seq{i}: routing diagnostic failed: {type(e).__name__}: {e}")
         seqs.append(r)
         g = r["greedy"]
         split = g["error"] if "error" in g else "none" if g["first_split"] is None else f"step {g['first_split']} (gap {g['gap']:.4f} vs bound {g['bound']:.4f}, top{TOPK} mutual {g.get('topk_mutual')})"
@@ -810,9 +1087,14 @@ def run_shape(shape, a, kern, shape_dir, presets):
             + (f"  single-chunk diff {fmt(r['single']['max_diff'], '.3g')} / vs chunked "
                f"{fmt(r.get('single_vs_chunked', {}).get('max_diff'), '.3g')}" if "single" in r else "")
             + ("" if r["pass"] else "  FAIL"))
+        if r.get("routing"):
+            rt = r["routing"]
+            w = rt["steps"][r["worst_step"]]
+            log(f"    routing: {routing_note(i, w)}; near-tie steps {rt['near_tie_steps']}, "
+                f"bf16 flips at {rt['bf16_flip_positions']} of {rt['positions']} positions (steps {rt['bf16_flip_steps']})")
     extra = {"timings_s": {"prepare": round(t_prep, 1), "kern": round(t_kern, 1), "transformers": round(t_hf, 1),
                            "total": round(time.time() - t0, 1)},
-             "hf": {k: v for k, v in hf.items() if k not in ("ref32", "bf16", "hf_toks", "hf_topk", "rope_check")},
+             "hf": {k: v for k, v in hf.items() if k not in ("ref32", "bf16", "hf_toks", "hf_topk", "rope_check", "routing32", "routing16")},
              "rope_check": hf.get("rope_check"),
              "kern_stderr_tail": err1.strip().splitlines()[-10:], "layers": cfg.get("num_hidden_layers"),
              "real_layers": real_layers, "preset": shape["preset"], "overrides": shape["config"], "why": shape["why"],
@@ -980,6 +1262,139 @@ def main(argv=None):
     return 0 if ok else 1
 
 
+def routing_selftest(check):
+    """The MoE routing diagnostic on hand-made router logits (numpy only): margins, near-ties at
+    2^-7 of the row's scale, bf16 top-k set flips, the per-step report, the shape row's `routing`
+    and notes, the unchanged verdict, no routing for a dense model, and moe_blocks on stand-in
+    modules. check(name, cond) records one check."""
+    import types
+    import numpy as np
+    # router_stats: margin = k-th - (k+1)-th largest, scale = max |logit|, the set sorted
+    st = router_stats(np.array([[3.0, 1.0, 2.0, 0.5], [-4.0, 1.0, 1.0, 0.0]]), 2)
+    check("routing: margin k-th minus (k+1)-th", np.allclose(st["margin"], [1.0, 1.0]) and np.allclose(st["scale"], [3.0, 4.0]))
+    check("routing: top-k set sorted", st["topk"].tolist() == [[0, 2], [1, 2]] and st["topk"].dtype == np.int16)
+    st = router_stats(np.array([[1.0, 1.0, 1.0, 0.0]]), 2)
+    check("routing: an exact tie has margin 0, the lower index wins", st["margin"][0] == 0.0 and st["topk"].tolist() == [[0, 1]])
+    st = router_stats(np.array([[1.0, 1.0, 1.0, 0.0]]), 2, chosen=np.array([[2, 0]]))
+    check("routing: the model's own chosen indices are the set", st["topk"].tolist() == [[0, 2]])
+    check("routing: k = experts has no (k+1)-th: margin inf", np.isinf(router_stats(np.ones((2, 3)), 3)["margin"]).all())
+    check("routing: [1, T, E] logits are rows", router_stats(np.zeros((1, 5, 4)), 1)["margin"].shape == (5,))
+    try:
+        router_stats(np.ones((2, 3)), 4)
+        check("routing: top-k > experts refused", False)
+    except ValueError:
+        check("routing: top-k > experts refused", True)
+    # the tie tolerance: 2^-7 of the row's largest |logit|
+    near = router_stats(np.array([[8.0, 8.0 - 8 * 2.0 ** -8, -1.0]]), 1)
+    far = router_stats(np.array([[8.0, 8.0 - 8 * 2.0 ** -6, -1.0]]), 1)
+    edge = router_stats(np.array([[8.0, 8.0 - 8 * 2.0 ** -7, -1.0]]), 1)
+    check("routing: rel margin 2^-8 is a near-tie, 2^-6 is not, 2^-7 itself is not",
+          rel_margin(near)[0] < TIE_REL <= rel_margin(edge)[0] and rel_margin(far)[0] > TIE_REL)
+    check("routing: an all-zero row is all tied", rel_margin(router_stats(np.zeros((1, 4)), 2))[0] == 0.0)
+
+    # one sequence: prompt 3 tokens, 4 steps -> positions 0..5, step j at position 2 + j
+    rng = np.random.default_rng(5)
+    t, e, k = 6, 8, 2
+    base = {l: np.stack([rng.permutation(e).astype(np.float64) for _ in range(t)]) for l in (1, 3)}  # margins 1, scale 7
+    lg32 = {l: x.copy() for l, x in base.items()}
+    lg16 = {l: x.copy() for l, x in base.items()}
+    # layer 3, position 4 (step 2): the 2nd and 3rd experts 1e-3 apart in fp32, swapped in bf16
+    a, b = np.argsort(-lg32[3][4])[1:3]
+    lg32[3][4, b] = lg32[3][4, a] - 1e-3
+    lg16[3][4, b] = lg16[3][4, a] + 1e-3
+    # layer 1, position 0 (prompt): bf16 picks another expert (no near-tie in fp32): a flip, no step
+    c, d = np.argsort(-lg16[1][0])[1:3]
+    lg16[1][0, d] = lg16[1][0, c] + 0.5
+    r32 = {l: router_stats(x, k) for l, x in lg32.items()}
+    r16 = {l: router_stats(x, k) for l, x in lg16.items()}
+    ratio = [0.3125, 0.625, 1.25, 0.125]
+    rs = routing_sequence(r32, r16, 3, ratio)
+    s2 = rs["steps"][2]
+    check("routing: the failing step's position, min-margin layer, near-tie, bf16 flip",
+          s2["position"] == 4 and s2["layer"] == 3 and s2["near_tie"] and s2["bf16_routing_differs"] is True
+          and abs(s2["min_margin"] - 1e-3) < 1e-9 and s2["bf16_differs_layers"] == [3])
+    check("routing: other steps: margin 1 of 7, no tie, no flip", all(
+        not s["near_tie"] and s["bf16_routing_differs"] is False and abs(s["min_rel_margin"] - 1 / 7) < 1e-6
+        for j, s in enumerate(rs["steps"]) if j != 2))
+    check("routing: counts over all positions (the prompt's flip included)",
+          rs["near_tie_steps"] == [2] and rs["near_tie_positions"] == 1 and rs["bf16_routing_flips"] == 2
+          and rs["bf16_flip_positions"] == 2 and rs["bf16_flip_steps"] == [2] and rs["layers"] == [1, 3]
+          and rs["top_k"] == 2 and rs["positions"] == 6)
+    rs_no16 = routing_sequence(r32, None, 3, ratio)
+    check("routing: bf16 not captured -> None, not 'no'", rs_no16["steps"][2]["bf16_routing_differs"] is None
+          and rs_no16["bf16_routing_flips"] is None and "not captured" in routing_note(0, rs_no16["steps"][2]))
+    try:
+        routing_sequence(r32, r16, 4, ratio)  # step 3 would need position 6 of 6
+        check("routing: too few positions refused", False)
+    except ValueError:
+        check("routing: too few positions refused", True)
+
+    # the shape row: the rule's verdict unchanged, routing explains the failing step; a dense model has none
+    v = 16
+    ref = np.zeros((4, v), np.float32)
+    bf = ref.copy()
+    bf[:, 0] = 0.1                               # e_bf16 0.1 -> bound 0.16
+    kern = ref.copy()
+    kern[np.arange(4), 3] = [0.05, 0.1, 0.2, 0.02]  # ratios 0.3125, 0.625, 1.25, 0.125
+    toks = [int(x) for x in kern.argmax(axis=1)]
+
+    def seq(kl):
+        return evaluate_sequence([1, 2, 3], (toks, kl), (toks, kl), ref, bf, toks)
+
+    failing, passing = seq(kern), seq(kern * 0.5)
+    check("routing: the hand-made ratios", np.allclose(failing["ratio"], ratio) and not failing["logits_pass"] and passing["logits_pass"])
+    dense = summarize_shape("dense", [[1, 2, 3]] * 2, [seq(kern), seq(kern * 0.5)], {})
+    check("routing: a dense model's row has no routing entry and no notes",
+          "routing" not in dense and "notes" not in dense and "note:" not in format_table([dense]))
+    failing["routing"] = rs
+    passing["routing"] = routing_sequence(r32, r16, 3, passing["ratio"])
+    row = summarize_shape("moe", [[1, 2, 3]] * 2, [failing, passing], {})
+    rt = row.get("routing") or {}
+    check("routing: the verdict stays the rule's (FAIL), failures unchanged",
+          row["pass"] is False and row["failures"] == dense["failures"] and row["worst_ratio"] == dense["worst_ratio"])
+    check("routing: the row's failing steps", rt.get("failing_steps") == [
+        {"seq": 0, "step": 2, "ratio": 1.25, "min_margin": s2["min_margin"], "min_rel_margin": s2["min_rel_margin"], "layer": 3,
+         "near_tie": True, "bf16_routing_differs": True, "bf16_differs_layers": [3]}] and rt.get("n_failing_steps") == 1)
+    check("routing: the row's counts", rt.get("bf16_routing_flips") == 4 and rt.get("near_tie_positions") == 2
+          and rt.get("near_tie_steps") == {"seq0": [2], "seq1": [2]} and rt.get("positions") == 12 and rt.get("layer_positions") == 24
+          and [w["step"] for w in rt.get("worst_steps", [])] == [2, 2])
+    notes = row.get("notes") or []
+    table = format_table([row])
+    check("routing: the failing step's note", any(n.startswith("seq0 step 2 (ratio 1.250, FAILS the rule): router margin 1.0e-03 (rel 1.4e-04 < 2^-7: near-tie)")
+                                                  and "near-tie" in n and "at layer 3" in n and "bf16 picks other experts: yes" in n for n in notes))
+    check("routing: a passing sequence's worst step is noted as such, not as a failure",
+          any(n.startswith("seq1 step 2 (ratio 0.625)") and n.endswith("[worst step]") for n in notes)
+          and not any(n.startswith("seq1") and "FAILS" in n for n in notes))
+    check("routing: notes printed in the table", "moe: note: seq0 step 2" in table and "moe: note: routing (top-2" in table)
+    check("routing: the row is plain JSON", json.loads(json.dumps(rt)) == rt)
+    ok_row = summarize_shape("moe-ok", [[1, 2, 3]], [passing], {})
+    check("routing: flips and near-ties do not fail a passing shape", ok_row["pass"] is True and ok_row["routing"]["bf16_routing_flips"] == 2)
+
+    # moe_blocks on stand-in modules (duck-typed: no torch)
+    class Qwen3NextSparseMoeBlock:
+        def __init__(self, top_k=None, gate_k=None):
+            self.gate = types.SimpleNamespace(weight=np.zeros((8, 16)), top_k=gate_k)
+            self.top_k = top_k
+
+    class Qwen3NextMLP:
+        gate_proj = types.SimpleNamespace(weight=np.zeros((32, 16)))
+
+    class Qwen3NextTopKRouter:
+        weight = np.zeros((8, 16))
+
+    def model(mods, k=2):
+        return types.SimpleNamespace(config=types.SimpleNamespace(num_experts_per_tok=k), named_modules=lambda: iter(mods))
+
+    mods = [("model", object()), ("model.layers.0.mlp", Qwen3NextSparseMoeBlock(gate_k=2)), ("model.layers.0.mlp.gate", Qwen3NextTopKRouter()),
+            ("model.layers.1.mlp", Qwen3NextMLP()), ("model.layers.12.mlp", Qwen3NextSparseMoeBlock(top_k=4))]
+    got = [(l, n, kk) for l, n, _, kk in moe_blocks(model(mods))]
+    check("routing: moe_blocks finds the sparse-MoE blocks, their layers and top-k",
+          got == [(0, "model.layers.0.mlp", 2), (12, "model.layers.12.mlp", 4)])
+    check("routing: top-k from the config when the block has none",
+          [b[3] for b in moe_blocks(model([("model.layers.3.mlp", Qwen3NextSparseMoeBlock())], k=3))] == [3])
+    check("routing: a dense model has no MoE blocks", moe_blocks(model(mods[:1] + mods[3:4])) == [])
+
+
 # ============================================================================ selftest
 def selftest():
     """The comparison logic on synthetic numpy arrays: no torch, no GPU, no kern."""
@@ -1027,6 +1442,9 @@ def selftest():
         check("shape mismatch raises", False)
     except ValueError:
         check("shape mismatch raises", True)
+
+    # the MoE routing diagnostic (explains a step, never changes the verdict)
+    routing_selftest(check)
 
     # greedy
     toks = [int(x) for x in kern.argmax(axis=1)]
