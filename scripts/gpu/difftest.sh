@@ -20,6 +20,10 @@
 #            while the row's mean square is under ~16; reported, not counted)
 #   p   0.6  --precision, swapped GEMMs                    -> WITHIN the budget; per-layer table, plot, KL
 #   q   0.6  --precision, l7 eps 1e-2                      -> WITHIN the budget; the lost precision at l7
+#   r   gguf --precision, a real GGUF (default Qwen2.5-Coder-0.5B-Instruct Q4_K_M: stage.sh put qwen
+#            NN, then stage.sh assemble qwen) packed GGUF-native vs --dequantize (bf16), scored on
+#            README.md (16 windows of 256 tokens), with the performance diff (bytes, GB/s, floors)
+#                                                     -> WITHIN the budget; per-layer table, plot, KL
 # Every case's text report is kept with its JSON under $WORK and its head printed; the checks
 # read the JSON. The last lines are the table (case, expected, got, first divergence) and a
 # PASS/FAIL line; exit status 1 if any case fails.
@@ -41,7 +45,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 K=${KERN:-.carry/kern}
 KD=${KERNELS:-build/packs}
 W=${WORK:-/tmp/kern-difftest}
-ALL="a b b2 c d e f g h i j k l m n o p q"
+ALL="a b b2 c d e f g h i j k l m n o p q r"
 CASES=${CASES:-$ALL}
 EXTRA=${KERN_TEST_ARGS:---reps 10}
 T0=$(date +%s)
@@ -82,6 +86,16 @@ setup() {
 }
 want_any() { for c in "$@"; do want "$c" && return 0; done; return 1; }
 want_any a b b2 c d f g h p q && setup qwen3-0.6b 7
+GGUF=${GGUF:-/tmp/kern-gguf/qwen2.5-coder-0.5b-q4km.gguf}
+G=$W/gguf
+if want r && [[ ! -f $G/.done ]]; then
+  [[ -f $GGUF ]] || fail_setup "case r: $GGUF not found (bash scripts/gpu/stage.sh put qwen NN for each part, then assemble qwen; or GGUF=...)"
+  for v in native deq; do
+    "$K" pack --gguf "$GGUF" -o "$G/$v" --kernels "$KD" $([[ $v == deq ]] && echo --dequantize) >>"$W/gguf-setup.log" 2>&1 ||
+      { cat "$W/gguf-setup.log"; fail_setup "kern pack --gguf ($v) failed"; }
+  done
+  touch "$G/.done"
+fi
 want_any i j k l m n o && setup qwen3-1.7b 7 18
 S=$W/qwen3-0.6b/model
 L=$W/qwen3-1.7b/model
@@ -125,6 +139,7 @@ run_case n "$L/model.json" "$L/model.l18.eps1e-2.json" --weights "$L" $FAST
 run_case o "$L/model.json" "$L/model.l18.eps1e-3.json" --weights "$L" $FAST
 run_case p "$S/model.json" "$S/model.gemm.json" --weights "$S" $FAST --precision --plot "$W/p.layers.svg"
 run_case q "$S/model.json" "$S/model.l7.eps1e-2.json" --weights "$S" $FAST --precision --plot "$W/q.layers.svg"
+run_case r "$G/deq/model.json" "$G/native/model.json" --weights "$G/deq" --no-kernel-diff --precision --text README.md --windows 16 --plot "$W/r.layers.svg"
 
 echo
 echo "================================================================ checks ($(($(date +%s) - T0)) s)"
@@ -143,6 +158,7 @@ SPEC = {
     "l": ("1.7", "differs", "l7 post-attn eps 1e-2"), "m": ("1.7", "differs", "l7 post-attn eps 1e-3"),
     "n": ("1.7", "differs", "l18 post-attn eps 1e-2"), "o": ("1.7", "probe", "l18 post-attn eps 1e-3"),
     "p": ("0.6", "within", "--precision, swapped GEMMs"), "q": ("0.6", "within", "--precision, l7 eps 1e-2"),
+    "r": ("gguf", "within", "--precision, GGUF-native vs bf16"),
 }
 EPS = {"g": (7, "1em2"), "h": (7, "1em3"), "l": (7, "1em2"), "m": (7, "1em3"), "n": (18, "1em2"), "o": (18, "1em3")}
 rows, table = [], []
@@ -261,16 +277,24 @@ for case in CASES:
         label = (label or "") + (f"; scale {e.get('scale', 0):+.2e}, z {e.get('scale_z', 0):+.1f}" if e else "")
         if case == "o":
             label = ("CAUGHT: " if ok else "not caught (under the floor): ") + label
-    elif case in ("p", "q"):
+    elif case in ("p", "q", "r"):
         b = j.get("budget") or {}
         kinds = {r["kind"] for r in b.get("layers", [])}
-        check(case, "per-layer table for prefill and decode", kinds == {"prefill", "decode"} and len(b.get("layers", [])) >= 2 * 28, f"{len(b.get('layers', []))} rows, kinds {kinds}")
+        nl = 24 if case == "r" else 28  # Qwen2.5-0.5B / Qwen3-0.6B decoder layers
+        check(case, "per-layer table for prefill and decode", kinds == {"prefill", "decode"} and len(b.get("layers", [])) >= 2 * nl, f"{len(b.get('layers', []))} rows, kinds {kinds}")
         svg = W / f"{case}.layers.svg"
         check(case, "the plot is written", svg.exists() and svg.read_text().startswith("<svg") and "<polyline" in svg.read_text(), f"{svg}")
         t = b.get("text") or {}
         check(case, "text scored: KL, top-1, perplexity", t.get("positions", 0) > 0, f"{t}"[:300])
         if t:
             label = f"KL mean {t['kl_mean']:.2e}, top-1 {100 * t['top1_agree']:.1f}%, ppl {t['ppl_a']:.1f} -> {t['ppl_b']:.1f}"
+        if case == "r":
+            # What the format bought: the decode step's whole-step bytes, B (GGUF blocks) below A (bf16).
+            dec = [st for st in ((j.get("perf") or {}).get("steps") or []) if st.get("decode")]
+            wb = [(st["whole"].get("bytes_a"), st["whole"].get("bytes_b")) for st in dec]
+            check(case, "performance diff: decode bytes, GGUF below bf16", bool(wb) and all(a and bb and bb < 0.5 * a for a, bb in wb), f"{wb}")
+            if wb and wb[0][0]:
+                label = (label or "") + f"; decode step bytes {wb[0][0] / 1e6:.0f} -> {wb[0][1] / 1e6:.0f} MB"
         if case == "q":
             w = b.get("worst_intervals") or []
             check(case, "most precision is lost at l7.post_attention_norm", w and w[0]["a_calls"] == "l7.post_attention_norm", f"{[(x['a_calls'], x['rel_rms']) for x in w[:3]]}")
