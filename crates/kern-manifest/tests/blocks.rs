@@ -5,20 +5,15 @@
 
 mod common;
 
-use common::stage;
-use kern_manifest::{check_bytes, CheckOptions, DType, Diagnostics, Manifest};
+use common::{check_speculative_edit as check, speculative_edit_errors as errors, speculative_manifest as base};
+use kern_manifest::DType;
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/speculative.json")
-}
 
 /// The fixture manifest with a q4_k weight `w` (N = 64 rows of K = 512 values: [64, 2]
 /// blocks), an FP8 weight `w8` [300, 256] with its `w8.scale_inv` [3, 2], and an op `gemv`
 /// that reads the q4_k weight through a kernel's `int const*` and is called by `main`.
 fn quantized() -> Value {
-    let mut v: Value = serde_json::from_slice(&std::fs::read(data()).unwrap()).unwrap();
+    let mut v = base();
     let b = &mut v["buffers"];
     b["w"] = json!({"dtype": "q4_k", "shape": [64, "512 / 256"], "role": "weight"});
     b["w8"] = json!({"dtype": "f8e4m3", "shape": [300, 256], "role": "weight"});
@@ -48,18 +43,6 @@ fn quantized() -> Value {
         json!({"label": "gemv", "op": "gemv", "args": [{"buf": "w"}, {"buf": "hidden"}, {"buf": "w8"}, {"buf": "w8.scale_inv"}]}),
     );
     v
-}
-
-fn check(v: &Value) -> Result<Manifest, Diagnostics> {
-    let staged = stage(&data());
-    check_bytes(&serde_json::to_vec_pretty(v).unwrap(), &staged.manifest, &CheckOptions::default())
-}
-
-fn errors(v: &Value) -> Vec<String> {
-    match check(v) {
-        Ok(_) => panic!("passed kern check, but should fail"),
-        Err(d) => d.errors().map(|e| e.to_string()).collect(),
-    }
 }
 
 #[test]

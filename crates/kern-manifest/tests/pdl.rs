@@ -2,23 +2,10 @@
 
 mod common;
 
-use common::stage;
-use kern_manifest::{check_bytes, CheckOptions, Diagnostics, Manifest};
+use common::{check_speculative_edit as check, speculative_manifest as base, stage};
+use kern_manifest::{check_bytes, CheckOptions};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/speculative.json")
-}
-
-fn check(v: &Value) -> Result<Manifest, Diagnostics> {
-    let staged = stage(&data());
-    check_bytes(&serde_json::to_vec_pretty(v).unwrap(), &staged.manifest, &CheckOptions::default())
-}
-
-fn base() -> Value {
-    serde_json::from_slice(&std::fs::read(data()).unwrap()).unwrap()
-}
+use std::path::Path;
 
 #[test]
 fn pdl_is_off_unless_a_launch_declares_it() {

@@ -4,37 +4,16 @@
 
 mod common;
 
-use common::stage;
-use kern_manifest::{check_bytes, parse_raw, CheckOptions, Diagnostics, Manifest};
+use common::{
+    check_speculative_edit as check, speculative_edit_errors as errors, speculative_manifest as base,
+    speculative_manifest_path as data, stage,
+};
+use kern_manifest::{check_bytes, parse_raw, CheckOptions, Manifest};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/speculative.json")
-}
-
-fn base() -> Value {
-    serde_json::from_slice(&std::fs::read(data()).unwrap()).unwrap()
-}
-
-/// Checks `v` next to the fixture kernels.
-fn check(v: &Value) -> Result<Manifest, Diagnostics> {
-    let staged = stage(&data());
-    let text = serde_json::to_vec_pretty(v).unwrap();
-    check_bytes(&text, &staged.manifest, &CheckOptions::default())
-}
+use std::path::Path;
 
 fn passes(v: &Value) -> Manifest {
     check(v).unwrap_or_else(|d| panic!("should pass kern check:\n{d}"))
-}
-
-/// The error lines (`PATH: MESSAGE`, without the file).
-fn errors(v: &Value) -> Vec<String> {
-    let d = match check(v) {
-        Ok(_) => panic!("passed kern check, but should fail"),
-        Err(d) => d,
-    };
-    d.errors().map(|e| e.to_string()).collect()
 }
 
 /// Exactly `want.len()` errors, each containing its fragment, in that order.

@@ -4,38 +4,21 @@
 
 mod common;
 
-use common::stage;
-use kern_manifest::{check_bytes, CheckOptions, Diagnostics, Manifest, WeightSource};
+use common::{check_speculative_edit as check, speculative_edit_errors as errors, speculative_manifest as base};
+use kern_manifest::{Manifest, WeightSource};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/speculative.json")
-}
 
 /// The fixture manifest with one more weight, `table`, of `dtype` and `shape` from `from`.
 fn with_table(dtype: &str, shape: Value, from: Value) -> Value {
-    let mut v: Value = serde_json::from_slice(&std::fs::read(data()).unwrap()).unwrap();
+    let mut v = base();
     v["buffers"]["table"] = json!({"dtype": dtype, "shape": shape, "role": "weight", "from": from});
     v
-}
-
-fn check(v: &Value) -> Result<Manifest, Diagnostics> {
-    let staged = stage(&data());
-    check_bytes(&serde_json::to_vec_pretty(v).unwrap(), &staged.manifest, &CheckOptions::default())
 }
 
 fn table_bytes(m: &Manifest) -> Vec<u8> {
     match &m.buffers[m.buffer("table").unwrap().0].source {
         Some(WeightSource::Values(b)) => b.clone(),
         other => panic!("expected values, got {other:?}"),
-    }
-}
-
-fn errors(v: &Value) -> Vec<String> {
-    match check(v) {
-        Ok(_) => panic!("passed kern check, but should fail"),
-        Err(d) => d.errors().map(|e| e.to_string()).collect(),
     }
 }
 

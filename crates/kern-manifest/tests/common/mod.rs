@@ -100,3 +100,11 @@ pub fn check_speculative_edit(v: &serde_json::Value) -> Result<kern_manifest::Ma
     let staged = stage(&speculative_manifest_path());
     kern_manifest::check_bytes(&serde_json::to_vec_pretty(v).unwrap(), &staged.manifest, &kern_manifest::CheckOptions::default())
 }
+
+/// The error lines (`PATH: MESSAGE`, without the file) of an edited copy that must fail.
+pub fn speculative_edit_errors(v: &serde_json::Value) -> Vec<String> {
+    match check_speculative_edit(v) {
+        Ok(_) => panic!("passed kern check, but should fail"),
+        Err(d) => d.errors().map(|e| e.to_string()).collect(),
+    }
+}
