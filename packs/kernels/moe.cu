@@ -75,6 +75,8 @@ static __device__ __forceinline__ bool moe_better(float v, int i, float bv, int 
 
 // logits [n, E] bf16 -> ids [n, K] i32 (descending probability), w [n, K] f32 (bf16 values).
 // flags bit 0: norm_topk_prob. grid [ceil(n / 4)], block [128]: one warp per token.
+// The `_f32` entries read fp32 logits (the router GEMM's `_f32out`: `kern pack --router-logits
+// f32`): the same code after the load, so bf16-valued fp32 logits give the bf16 entries' bits.
 //
 // The softmax is PyTorch's softmax_warp_forward (F.softmax(x, dtype=float) over a row of E <= 1024
 // takes it): with P = next_pow2(E), lane l holds the elements it·32 + l (it < P / 32; for E <= 32
@@ -82,16 +84,19 @@ static __device__ __forceinline__ bool moe_better(float v, int i, float bv, int 
 // a butterfly sum over lanes (xor 16, 8, 4, 2, 1: the offsets above P / 2 add exact zeros here),
 // and p = e / sum. Every operation is PyTorch's, so the probabilities are bit-identical.
 // One token's routing by one warp (every lane calls it).
-__device__ __forceinline__ void moe_topk_warp(const bf16* __restrict__ logits, int* __restrict__ ids, float* __restrict__ w, int t, int E,
+static __device__ __forceinline__ float moe_logit(bf16 x) { return f(x); }
+static __device__ __forceinline__ float moe_logit(float x) { return x; }
+template <typename L>
+__device__ __forceinline__ void moe_topk_warp(const L* __restrict__ logits, int* __restrict__ ids, float* __restrict__ w, int t, int E,
                                               int K, int flags, int lane) {
     constexpr int IT = MOE_MAX_EXPERTS / 32;
-    const bf16* row = logits + (size_t)t * E;
+    const L* row = logits + (size_t)t * E;
     float v[IT];
     float mx = -INFINITY;
 #pragma unroll
     for (int it = 0; it < IT; ++it) {
         const int i = it * 32 + lane;
-        v[it] = i < E ? f(row[i]) : -INFINITY;
+        v[it] = i < E ? moe_logit(row[i]) : -INFINITY;
         mx = mx > v[it] ? mx : v[it];  // PyTorch's `(a > b) ? a : b`
     }
 #pragma unroll
@@ -147,13 +152,21 @@ __device__ __forceinline__ void moe_topk_warp(const bf16* __restrict__ logits, i
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128)
-moe_topk(const bf16* __restrict__ logits, int* __restrict__ ids, float* __restrict__ w, int n, int E, int K, int flags) {
+template <typename L>
+__device__ __forceinline__ void moe_topk_impl(const L* __restrict__ logits, int* __restrict__ ids, float* __restrict__ w, int n, int E, int K, int flags) {
     KERN_PDL_WAIT();
     const int t = blockIdx.x * 4 + (threadIdx.x >> 5);
     if (E < 1 || E > MOE_MAX_EXPERTS || K < 1 || K > MOE_MAX_TOPK || K > E) __trap();
     if (t >= n) return;  // warp-uniform
     moe_topk_warp(logits, ids, w, t, E, K, flags, threadIdx.x & 31);
+}
+extern "C" __global__ void __launch_bounds__(128)
+moe_topk(const bf16* __restrict__ logits, int* __restrict__ ids, float* __restrict__ w, int n, int E, int K, int flags) {
+    moe_topk_impl(logits, ids, w, n, E, K, flags);
+}
+extern "C" __global__ void __launch_bounds__(128)
+moe_topk_f32(const float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ w, int n, int E, int K, int flags) {
+    moe_topk_impl(logits, ids, w, n, E, K, flags);
 }
 
 // ================================================================== permutation
@@ -244,14 +257,24 @@ moe_route(const int* __restrict__ ids, int* __restrict__ offsets, int* __restric
 // 32 warps of the CTA route tokens w, w + 32, ... with moe_topk's code, then the CTA permutes them
 // with moe_route's — the same outputs bit for bit, one launch fewer per MoE layer. grid [1],
 // block [1024].
-extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
-moe_topk_route(const bf16* __restrict__ logits, int* ids, float* __restrict__ w, int* __restrict__ offsets,
-               int* __restrict__ sorted, int* __restrict__ pos, int n, int E, int K, int flags) {
+template <typename L>
+__device__ __forceinline__ void moe_topk_route_impl(const L* __restrict__ logits, int* ids, float* __restrict__ w, int* __restrict__ offsets,
+                                                    int* __restrict__ sorted, int* __restrict__ pos, int n, int E, int K, int flags) {
     KERN_PDL_WAIT();
     if (E < 1 || E > MOE_MAX_EXPERTS || K < 1 || K > MOE_MAX_TOPK || K > E) __trap();
     for (int t = threadIdx.x >> 5; t < n; t += MOE_ROUTE_THREADS / 32) moe_topk_warp(logits, ids, w, t, E, K, flags, threadIdx.x & 31);
     __syncthreads();  // the ids in global memory, visible to the whole CTA
     moe_route_block(ids, offsets, sorted, pos, n, E, K);
+}
+extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
+moe_topk_route(const bf16* __restrict__ logits, int* ids, float* __restrict__ w, int* __restrict__ offsets,
+               int* __restrict__ sorted, int* __restrict__ pos, int n, int E, int K, int flags) {
+    moe_topk_route_impl(logits, ids, w, offsets, sorted, pos, n, E, K, flags);
+}
+extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
+moe_topk_route_f32(const float* __restrict__ logits, int* ids, float* __restrict__ w, int* __restrict__ offsets,
+                   int* __restrict__ sorted, int* __restrict__ pos, int n, int E, int K, int flags) {
+    moe_topk_route_impl(logits, ids, w, offsets, sorted, pos, n, E, K, flags);
 }
 
 // ================================================================== grouped expert GEMM

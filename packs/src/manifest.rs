@@ -90,6 +90,9 @@ pub struct PackOptions {
     /// The Gated DeltaNet recurrent state's dtype (`--gdn-state`, hybrids only; [`crate::gdn`]):
     /// the `_f32` (default) or `_bf16` entries of `gdn.cu`.
     pub gdn_state: crate::gdn::GdnState,
+    /// The MoE router logits' dtype (`--router-logits`, MoE families only; [`crate::moe`]):
+    /// bf16 (the default) or f32 (the router GEMM's `_f32out` entries, `moe_topk_f32`).
+    pub router_logits: crate::moe::RouterLogits,
     /// Batch-invariant program (`--batch-invariant`, issue 29, docs/batch-invariance.md): every
     /// projection runs the GEMV family at every step size (`gemv_bf16`, `gemm_bf16_m16`, the wide
     /// `gemm_bf16_w32` / `w64`, the last for any M in passes of 64 rows) instead of wgmma above 64
@@ -119,6 +122,7 @@ impl Default for PackOptions {
             native: Default::default(),
             fp8: Default::default(),
             gdn_state: Default::default(),
+            router_logits: Default::default(),
             batch_invariant: false,
         }
     }
@@ -1181,7 +1185,7 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         o.extend(crate::fused::ops(&sizes, |n, k| gemm_launches(n, k, "tokens", opts.max_tokens, false, opts.batch_gemm)));
     }
     let down_op = crate::fused::down_op_name(&sizes);
-    crate::moe::extend(cfg, opts, &mut b, &mut ops, |n, k| gemm_launches(n, k, "tokens", opts.max_tokens, false, opts.batch_gemm));
+    crate::moe::extend(cfg, opts, &mut b, &mut ops, |n, k, f32_out| gemm_launches(n, k, "tokens", opts.max_tokens, f32_out, opts.batch_gemm));
     crate::gdn::extend(cfg, opts, &mut b, &mut ops, |n, k| gemm_launches(n, k, "tokens", opts.max_tokens, false, opts.batch_gemm));
     // After a row-parallel GEMM each rank holds a partial sum of the full output.
     let all_reduce = |label: String, b: &str| json!({"label": label, "op": "all_reduce", "args": [{"buf": b}]});

@@ -206,15 +206,58 @@ fn grouped_gemm(m: &crate::moe::MoeSpec, n: u64, k: u64, gather: bool, max_token
     out
 }
 
+/// The router logits' dtype (`kern pack --router-logits`): what the router GEMM writes and the
+/// top-k reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RouterLogits {
+    /// bf16 (the default): as transformers' bf16 model computes them (`F.linear` in bf16), so
+    /// kern picks the experts its bf16 reference picks.
+    #[default]
+    Bf16,
+    /// fp32: the router GEMM's `_f32out` entries and `moe_topk_f32` / `moe_topk_route_f32`. The
+    /// experts are then the ones the fp32 logits pick: where two logits round to a tie or swap in
+    /// bf16 (a random router: 6% of tokens at E = 512, top-10, in the host emulation), the choice
+    /// follows the unrounded values, as an fp32 reference's does.
+    F32,
+}
+
+/// The values `--router-logits` takes, for error messages and help.
+pub const ROUTER_LOGITS_KINDS: &str = "bf16 (the default), f32";
+
+impl std::str::FromStr for RouterLogits {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "bf16" => Ok(RouterLogits::Bf16),
+            "f32" => Ok(RouterLogits::F32),
+            _ => Err(format!("unknown router logits dtype `{s}`: supported: {ROUTER_LOGITS_KINDS}")),
+        }
+    }
+}
+
+impl std::fmt::Display for RouterLogits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RouterLogits::Bf16 => "bf16",
+            RouterLogits::F32 => "f32",
+        })
+    }
+}
+
 /// The MoE activations and ops into `b` and `ops` (nothing for a dense model). `gemm(n, k)` is
-/// the builder's dense GEMM launches for an [n, k] weight at `tokens` rows (the router's).
-/// Without a dense layer the dense MLP's ops are left out (no call would use them).
-pub fn extend(cfg: &Config, opts: &PackOptions, b: &mut Map<String, Value>, ops: &mut Value, gemm: impl Fn(u64, u64) -> Vec<Value>) {
+/// the builder's dense GEMM launches for an [n, k] weight at `tokens` rows, with fp32 output when
+/// the bool is set (the router's, with `--router-logits f32`). Without a dense layer the dense
+/// MLP's ops are left out (no call would use them).
+pub fn extend(cfg: &Config, opts: &PackOptions, b: &mut Map<String, Value>, ops: &mut Value, gemm: impl Fn(u64, u64, bool) -> Vec<Value>) {
     let Some(m) = &cfg.moe else { return };
     let (e, topk, i, h) = (m.num_experts, m.top_k, m.intermediate, cfg.hidden_size);
     let pairs = format!("tokens*{topk}");
+    let f32_logits = opts.router_logits == RouterLogits::F32;
+    let (ldt, lsfx) = if f32_logits { ("f32", "_f32") } else { ("bf16", "") };
+    let logits_in = format!("in buffer<{ldt}>");
     for (name, dtype, shape) in [
-        ("moe_logits", "bf16", json!(["tokens", e])),
+        ("moe_logits", ldt, json!(["tokens", e])),
         ("moe_ids", "i32", json!(["tokens", topk])),
         ("moe_w", "f32", json!(["tokens", topk])),
         ("moe_offsets", "i32", json!([e + 1])),
@@ -235,19 +278,20 @@ pub fn extend(cfg: &Config, opts: &PackOptions, b: &mut Map<String, Value>, ops:
         b.remove("act");
     }
     let proj = ["in buffer<bf16>", "in buffer<bf16>", "ptr", "out buffer<bf16>", "i32"];
-    o.insert("moe_router".into(), json!({"params": proj, "impl": {"launches": gemm(e, h)}}));
+    let router = ["in buffer<bf16>", "in buffer<bf16>", "ptr", if f32_logits { "out buffer<f32>" } else { "out buffer<bf16>" }, "i32"];
+    o.insert("moe_router".into(), json!({"params": router, "impl": {"launches": gemm(e, h, f32_logits)}}));
     // Routing: [logits, ids, w, offsets, sorted, pos, tokens]. Flags bit 0: norm_topk_prob. Up to
     // SMALL_MAX_TOKENS tokens one launch does both (moe_topk_route: the same bits, a launch fewer
     // per layer at decode); above, a warp per token, then the one-CTA permutation.
     let flags = i32::from(m.norm_topk_prob);
-    let mut select = vec![json!({"module": MODULE, "entry": "moe_topk_route",
-        "params": ["in buffer<bf16>", "out buffer<i32>", "out buffer<f32>", "out buffer<i32>", "out buffer<i32>", "out buffer<i32>", "i32", "i32", "i32", "i32"],
+    let mut select = vec![json!({"module": MODULE, "entry": format!("moe_topk_route{lsfx}"),
+        "params": [logits_in, "out buffer<i32>", "out buffer<f32>", "out buffer<i32>", "out buffer<i32>", "out buffer<i32>", "i32", "i32", "i32", "i32"],
         "block": [1024], "grid": [within(1, Some(SMALL_MAX_TOKENS))],
         "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5}, {"param": 6}, {"i32": e}, {"i32": topk}, {"i32": flags}]})];
     if opts.max_tokens > SMALL_MAX_TOKENS {
         let large = within(SMALL_MAX_TOKENS + 1, None);
-        select.push(json!({"module": MODULE, "entry": "moe_topk",
-            "params": ["in buffer<bf16>", "out buffer<i32>", "out buffer<f32>", "i32", "i32", "i32", "i32"],
+        select.push(json!({"module": MODULE, "entry": format!("moe_topk{lsfx}"),
+            "params": [logits_in, "out buffer<i32>", "out buffer<f32>", "i32", "i32", "i32", "i32"],
             "block": [128], "grid": [format!("ceil(tokens/4) * {large}")],
             "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 6}, {"i32": e}, {"i32": topk}, {"i32": flags}]}));
         select.push(json!({"module": MODULE, "entry": "moe_route",
@@ -255,7 +299,7 @@ pub fn extend(cfg: &Config, opts: &PackOptions, b: &mut Map<String, Value>, ops:
             "block": [1024], "grid": [large],
             "args": [{"param": 1}, {"param": 3}, {"param": 4}, {"param": 5}, {"param": 6}, {"i32": e}, {"i32": topk}]}));
     }
-    o.insert("moe_select".into(), json!({"params": ["in buffer<bf16>", "out buffer<i32>", "out buffer<f32>", "out buffer<i32>", "out buffer<i32>", "out buffer<i32>", "i32"],
+    o.insert("moe_select".into(), json!({"params": [logits_in, "out buffer<i32>", "out buffer<f32>", "out buffer<i32>", "out buffer<i32>", "out buffer<i32>", "i32"],
         "impl": {"launches": select}}));
     let grouped = ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "in buffer<i32>", "in buffer<i32>", "i32"];
     o.insert("moe_gate_up".into(), json!({"params": grouped, "impl": {"launches": grouped_gemm(m, 2 * i, h, true, opts.max_tokens)}}));
@@ -275,8 +319,8 @@ pub fn extend(cfg: &Config, opts: &PackOptions, b: &mut Map<String, Value>, ops:
         for (name, width) in [("shared_gate_up", 2 * si), ("shared_act", si), ("shared_y", h)] {
             b.insert(name.into(), json!({"dtype": "bf16", "shape": ["tokens", width]}));
         }
-        o.insert("shared_gate_up".into(), json!({"params": proj, "impl": {"launches": gemm(2 * si, h)}}));
-        o.insert("shared_down".into(), json!({"params": proj, "impl": {"launches": gemm(h, si)}}));
+        o.insert("shared_gate_up".into(), json!({"params": proj, "impl": {"launches": gemm(2 * si, h, false)}}));
+        o.insert("shared_down".into(), json!({"params": proj, "impl": {"launches": gemm(h, si, false)}}));
         o.insert("shared_swiglu".into(), json!({"params": ["out buffer<bf16>", "in buffer<bf16>", "i32"], "impl": {"launches": [{
             "module": "rowwise", "entry": "swiglu", "params": ["out buffer<bf16>", "in buffer<bf16>", "i32", "i32"],
             "block": [256], "grid": ["tokens"], "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"i32": si}]}]}}));

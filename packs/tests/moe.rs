@@ -250,3 +250,35 @@ fn expert_parallel_declarations_are_accepted() {
     let all = ckpt.read_as("blk.1.ffn_down_exps.weight", DType::Bf16).unwrap();
     assert!(got[..] == all[all.len() / 2..]);
 }
+
+/// `--router-logits f32`: the router GEMM writes fp32 logits (its `_f32out` entries at every
+/// step size), the top-k reads them (`moe_topk_route_f32` / `moe_topk_f32`), and the manifest
+/// passes `kern check` against the real cubins (the entries' parameter types included); the
+/// default stays bf16. Qwen3-Next's MoE (512 experts, a shared expert) too: its shared expert's
+/// GEMMs keep bf16 outputs.
+#[test]
+fn router_logits_f32_is_an_fp32_router_gemm_and_top_k() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, max_tokens) in [("qwen3-moe-small", 256), ("qwen3-next-small", 256)] {
+        let cfg = preset(name).unwrap();
+        for f32_logits in [false, true] {
+            let router_logits = if f32_logits { kern_packs::moe::RouterLogits::F32 } else { Default::default() };
+            let opts = PackOptions { kernels: kernels(), max_tokens, router_logits, ..Default::default() };
+            let out = dir.path().join(format!("{name}-{f32_logits}"));
+            let m = load(&generate(&cfg, &opts, &out).unwrap(), &CheckOptions::default()).unwrap_or_else(|d| panic!("{name} f32={f32_logits}: {d}"));
+            let logits = m.buffer("moe_logits").unwrap();
+            assert_eq!(m.buffers[logits.0].dtype, if f32_logits { DType::F32 } else { DType::Bf16 }, "{name}");
+            let sfx = if f32_logits { "_f32" } else { "" };
+            for tokens in [1i64, 8, 9, 64, 65, max_tokens as i64] {
+                let select: Vec<String> = if tokens <= 64 { vec![format!("moe_topk_route{sfx}")] } else { vec![format!("moe_topk{sfx}"), "moe_route".into()] };
+                assert_eq!(live(&m, "moe_select", tokens), select, "{name} f32={f32_logits} tokens={tokens}");
+                let router = live(&m, "moe_router", tokens);
+                assert_eq!(router.len(), 1, "{name} tokens={tokens}: one router launch, {router:?}");
+                assert_eq!(router[0].ends_with("_f32out"), f32_logits, "{name} tokens={tokens}: {router:?}");
+            }
+            if m.op("shared_gate_up").is_some() {
+                assert!(live(&m, "shared_gate_up", 1).iter().all(|e| !e.ends_with("_f32out")), "{name}: the shared expert stays bf16");
+            }
+        }
+    }
+}

@@ -69,6 +69,10 @@ PREFIX_SHAPES=${PREFIX_SHAPES:-qwen3.5-small,qwen3-next-small}
 STEPS=${STEPS:-32}
 LENGTHS=${LENGTHS:-5,70,300}
 DEVICE=${DEVICE:-cuda}
+# PACK_ARGS: extra `kern pack` arguments for the parity and prefix sections (e.g.
+# PACK_ARGS="--router-logits f32": Qwen3-Next's router in fp32, docs/moe.md).
+PACK_EXTRA=()
+for x in ${PACK_ARGS:-}; do PACK_EXTRA+=("--pack-arg=$x"); done
 BENCH_LAYERS=${BENCH_LAYERS:-4}
 BENCH_PRESET=${BENCH_PRESET:-qwen3-next-80b-a3b}
 TOK=${TOK:-.carry/tok}
@@ -172,14 +176,14 @@ for s in "${SECS[@]}"; do
     parity)
       run_section parity env OUT="$RES" PARITY_JSON="$RES/hybrid-parity.json" PARITY_TXT="$RES/hybrid-parity.txt" PARITY_LOGS="$LOGS/parity-kern" \
         python3 scripts/gpu/hybrid.py parity --kern "$K" --kernels "$KD" --shapes "$SHAPES" --lengths "$LENGTHS" --steps "$STEPS" \
-        --work "$W/parity" --budget "$pb" --device "$DEVICE" ;;
+        --work "$W/parity" --budget "$pb" --device "$DEVICE" "${PACK_EXTRA[@]}" ;;
     parity-bf16)
       run_section parity-bf16 env OUT="$RES" PARITY_JSON="$RES/hybrid-parity-bf16.json" PARITY_TXT="$RES/hybrid-parity-bf16.txt" PARITY_LOGS="$LOGS/parity-bf16-kern" \
         python3 scripts/gpu/hybrid.py parity --kern "$K" --kernels "$KD" --shapes qwen3.5-small,qwen3-next-small --lengths "$LENGTHS" --steps "$STEPS" \
         --work "$W/parity-bf16" --budget "$pb" --device "$DEVICE" --pack-arg=--gdn-state --pack-arg=bf16 ;;
     prefix)
       run_section prefix env OUT="$RES" python3 scripts/gpu/hybrid.py prefix --kern "$K" --kernels "$KD" --shapes "$PREFIX_SHAPES" \
-        --steps "$STEPS" --work "$W/prefix" --budget "$pb" ;;
+        --steps "$STEPS" --work "$W/prefix" --budget "$pb" "${PACK_EXTRA[@]}" ;;
     bench)
       bb=$(( $(left) - 20 )); [[ $bb -lt 1 ]] && bb=1
       run_section bench python3 scripts/gpu/hybrid_bench.py bench --kern "$K" --kernels "$KD" --preset "$BENCH_PRESET" --layers "$BENCH_LAYERS" --work "$W/bench" \

@@ -55,12 +55,17 @@ python3 -c "import torch, transformers, numpy, safetensors; assert torch.cuda.is
 mkdir -p "$W" "$R/logs"
 log "GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -n 1); transformers $(python3 -c 'import transformers; print(transformers.__version__)'); sections: $SECTIONS"
 
+# PACK_ARGS: extra `kern pack` arguments of the parity and routing sections (e.g.
+# PACK_ARGS="--router-logits f32", docs/moe.md).
+PACK_EXTRA=()
+for x in ${PACK_ARGS:-}; do PACK_EXTRA+=("--pack-arg=$x"); done
+
 # ---------------------------------------------------------------- parity
 if has parity; then
   log "parity: $PARITY_SHAPES"
   if OUT="$R" PARITY_JSON="$R/parity.json" PARITY_TXT="$R/parity.txt" PARITY_LOGS="$R/logs/parity" \
       python3 scripts/gpu/moe_check.py parity --kern "$K" --kernels "$KD" --shapes "$PARITY_SHAPES" --steps "${PARITY_STEPS:-32}" \
-      --work "$W/parity" >"$R/logs/parity.out" 2>&1; then
+      --work "$W/parity" "${PACK_EXTRA[@]}" >"$R/logs/parity.out" 2>&1; then
     note parity "$PARITY_SHAPES" "PASS (table: $R/parity.txt)"
   else
     status=1
@@ -73,7 +78,7 @@ fi
 if has routing; then
   log "routing: $ROUTING_SHAPES"
   if python3 scripts/gpu/moe_check.py routing --kern "$K" --kernels "$KD" --shapes "$ROUTING_SHAPES" --work "$W/routing" \
-      --json "$R/routing.json" >"$R/logs/routing.out" 2>&1; then
+      --json "$R/routing.json" "${PACK_EXTRA[@]}" >"$R/logs/routing.out" 2>&1; then
     note routing "$ROUTING_SHAPES" "$(tail -n 1 "$R/logs/routing.out")"
   else
     status=1

@@ -192,7 +192,7 @@ def routing(a):
         parity.write_json(os.path.join(d, "in-config.json"), cfg)
         kern(f"{spec}-weights", ["random-weights", "--config", os.path.join(d, "in-config.json"), "-o", d, "--seed", a.seed])
         kern(f"{spec}-pack", ["pack", "--config", os.path.join(d, "config.json"), "-o", d, "--kernels", a.kernels, "--max-tokens", max(lengths),
-                              "--max-seqs", 4, "--max-context", 1024])
+                              "--max-seqs", 4, "--max-context", 1024] + list(a.pack_arg))
         k, norm = int(cfg["num_experts_per_tok"]), bool(cfg.get("norm_topk_prob", False))
         model_json = os.path.join(d, "model.json")
         labels = [c["label"] for c in json.load(open(model_json))["program"]["calls"] if c.get("label", "").endswith(".moe_select")]
@@ -430,6 +430,7 @@ def main(argv=None):
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--timeout", type=int, default=600)
     r.add_argument("--device", default="cuda")
+    r.add_argument("--pack-arg", action="append", default=[], help="extra argument for `kern pack` (repeatable, e.g. --pack-arg=--router-logits --pack-arg=f32)")
     p = sub.add_parser("peer")
     p.add_argument("--model", required=True)
     p.add_argument("--json", required=True)

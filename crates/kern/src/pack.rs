@@ -130,6 +130,12 @@ pub struct Args {
     /// default) or `bf16` (half the per-sequence state; packs/kernels/KERNELS.md, Gated DeltaNet).
     #[arg(long, value_name = "DTYPE", default_value = "f32")]
     gdn_state: kern_packs::gdn::GdnState,
+    /// Mixture-of-experts models (qwen3_moe, qwen3_next): the router logits' dtype, `bf16` (the
+    /// default: transformers' bf16 model rounds them so) or `f32` (the router GEMM writes fp32 and
+    /// the top-k reads it: the experts an fp32 model picks where bf16 rounding ties or swaps two
+    /// logits; docs/moe.md)
+    #[arg(long, value_name = "DTYPE", default_value = "bf16")]
+    router_logits: kern_packs::moe::RouterLogits,
 }
 
 /// `on` / `off` as a bool (clap value parser).
@@ -174,6 +180,7 @@ fn options(args: &Args) -> kern_packs::PackOptions {
         // Filled from the checkpoint's FP8 tensors (kern_packs::fp8::prepare).
         fp8: kern_packs::fp8::Fp8Options { prefill: args.fp8_prefill, ..Default::default() },
         gdn_state: args.gdn_state,
+        router_logits: args.router_logits,
         batch_invariant: args.batch_invariant,
     }
 }

@@ -11,6 +11,10 @@
 //            every row written, s and l bit-identical, a row's bits the same in a step of any
 //            size (batch invariance), k and n tails, an expert with several tiles
 //   fused    moe_topk_route (one launch, steps of few tokens) = moe_topk then moe_route, bit for bit
+//   f32      moe_topk_f32 / moe_topk_route_f32 (fp32 logits: `--router-logits f32`): bf16-valued
+//            fp32 logits give the bf16 entries' bits; general fp32 logits match the reference on
+//            the fp32 values, and they pick other experts than their bf16 rounding where the
+//            rounding ties or swaps two logits at the k-th place
 //   combine  moe_combine vs the fp32 ascending-expert sum and, flag 1, transformers' bf16
 //            index_add_ order, bit for bit
 //   block    the whole chain (topk, route, gate-up, rowwise swiglu, down, combine) vs an fp64
@@ -217,6 +221,63 @@ void test_fused(int n, int E, int K, bool norm) {
     report(fids == ids && fw == w && off == r.offsets && sorted == r.sorted && pos == r.pos, m);
 }
 
+// fp32 logits (the router GEMM's _f32out): the same code after the load.
+void test_topk_f32(int n, int E, int K, bool norm) {
+    // (a) bf16-valued fp32 logits: the bf16 entries' outputs bit for bit, both entries.
+    std::vector<uint16_t> lb((size_t)n * E);
+    for (auto& v : lb) v = bf(std::round(normal(2.f) * 8.f) / 8.f);  // ties too
+    std::vector<float> lf(lb.size());
+    for (size_t i = 0; i < lb.size(); ++i) lf[i] = fb(lb[i]);
+    std::vector<int> ids;
+    std::vector<float> w;
+    run_topk(lb, n, E, K, norm, ids, w);
+    std::vector<int> ids32((size_t)n * K, -7);
+    std::vector<float> w32((size_t)n * K, -7.f);
+    emu_launch({(unsigned)((n + 3) / 4), 1, 1}, 128, [&] { moe_topk_f32(lf.data(), ids32.data(), w32.data(), n, E, K, norm ? 1 : 0); });
+    Route r = run_route(ids, n, E, K);
+    std::vector<int> fids((size_t)n * K, -7), off(E + 1, -7), sorted((size_t)n * K, -7), pos((size_t)n * K, -7);
+    std::vector<float> fw((size_t)n * K, -7.f);
+    emu_launch({1, 1, 1}, MOE_ROUTE_THREADS, [&] {
+        moe_topk_route_f32(lf.data(), fids.data(), fw.data(), off.data(), sorted.data(), pos.data(), n, E, K, norm ? 1 : 0);
+    });
+    char m[200];
+    std::snprintf(m, sizeof m, "f32 n=%d E=%d k=%d norm=%d: bf16-valued fp32 logits give moe_topk's and moe_topk_route's bits (both _f32 entries)", n, E, K, (int)norm);
+    report(ids32 == ids && w32 == w && fids == ids && fw == w && off == r.offsets && sorted == r.sorted && pos == r.pos, m);
+
+    // (b) general fp32 logits: the reference on the fp32 values, and other experts than the bf16
+    // rounding picks on some tokens (the reason for the option).
+    std::vector<float> g((size_t)n * E);
+    for (auto& v : g) v = normal(0.05f);  // a random router: logits close together
+    std::vector<int> gid((size_t)n * K, -7);
+    std::vector<float> gw((size_t)n * K, -7.f);
+    emu_launch({(unsigned)((n + 3) / 4), 1, 1}, 128, [&] { moe_topk_f32(g.data(), gid.data(), gw.data(), n, E, K, norm ? 1 : 0); });
+    std::vector<uint16_t> gb(g.size());
+    for (size_t i = 0; i < g.size(); ++i) gb[i] = bf(g[i]);
+    std::vector<int> bid;
+    std::vector<float> bw;
+    run_topk(gb, n, E, K, norm, bid, bw);
+    bool exact = true;
+    int other = 0;
+    for (int t = 0; t < n; ++t) {
+        std::vector<float> x(g.begin() + (size_t)t * E, g.begin() + (size_t)(t + 1) * E);
+        std::vector<int> rid(K);
+        std::vector<float> rw(K);
+        ref_topk(torch_softmax(x), K, norm, rid.data(), rw.data());
+        std::vector<int> a(K), b(K);
+        for (int j = 0; j < K; ++j) {
+            exact &= gid[(size_t)t * K + j] == rid[j] && gw[(size_t)t * K + j] == rw[j];
+            a[j] = gid[(size_t)t * K + j];
+            b[j] = bid[(size_t)t * K + j];
+        }
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        other += a != b;
+    }
+    std::snprintf(m, sizeof m, "f32 n=%d E=%d k=%d norm=%d: fp32 logits bit-identical to the reference on their values; %d of %d tokens route otherwise than their bf16 rounding",
+                  n, E, K, (int)norm, other, n);
+    report(exact && other > 0, m);
+}
+
 // ------------------------------------------------------------------ grouped GEMM
 // y[P, N] for expert-sorted rows; `large`: moe_gemm_l, else moe_gemm_s; the manifest's grid.
 std::vector<uint16_t> run_gemm(bool large, std::vector<uint16_t>& x, std::vector<uint16_t>& W, Route& r, int n, int N, int K, int E, int topk,
@@ -397,6 +458,9 @@ int main() {
     test_fused(1, 128, 8, true);
     test_fused(64, 128, 8, true);  // two tokens per warp
     test_fused(45, 60, 4, false);
+    test_topk_f32(64, 128, 8, true);
+    test_topk_f32(200, 512, 10, true);  // Qwen3-Next: 512 experts, top-10
+    test_topk_f32(45, 60, 4, false);
     test_gemm(1, 6, 2, 80, 200, true, false);
     test_gemm(5, 6, 2, 80, 200, true, false);
     test_gemm(37, 6, 3, 200, 40, false, false);
