@@ -7,6 +7,9 @@
 # with -DKERN_PDL into <stem>.pdl.sm_90a.cubin / .ptx / .resource.txt: every kernel first waits
 # for its predecessor (griddepcontrol.wait), for packs made with `kern pack --pdl`.
 # plus build/packs/SHA256SUMS (cubins and PTX) and BUILD-INFO.txt.
+# The verification probes (packs/kernels/verify/k16_probe.cu: does a wgmma k16 step round like
+# mma.sync m16n8k16?) are built the same way into build/packs/<stem>.sm_90a.cubin; no pack uses
+# them (packs/kernels/verify/k16_probe.py does).
 #
 #   bash packs/kernels/build.sh            # idempotent; rebuilds everything (~seconds)
 #
@@ -68,6 +71,9 @@ shopt -s nullglob
 sources=("$SRC"/*.cu)
 shopt -u nullglob
 [[ ${#sources[@]} -ge 1 ]] || die "no kernels in $SRC"
+shopt -s nullglob
+probes=("$SRC"/verify/k16_probe.cu)
+shopt -u nullglob
 
 mkdir -p "$(dirname "$OUT")"
 STAGE="$(mktemp -d "${OUT%/}.staging.XXXXXX")"
@@ -98,7 +104,7 @@ compile_one() {  # compile_one SRC.cu [pdl]  -> cubin + ptx + resource.txt in $S
     # Compile from the source directory with a relative path: nothing machine-specific ends up
     # in the outputs (checked by the reproducibility test in KERNELS.md).
     (
-        cd "$SRC"
+        cd "$(dirname "$src")"
         "$NVCC" -cubin "${ARCH[@]}" "${BASE_FLAGS[@]}" "${xf[@]}" -Xptxas -v \
             -o "$STAGE/$out.sm_90a.cubin" "$stem.cu" 2>"$STAGE/$out.resource.txt" ||
             { cat "$STAGE/$out.resource.txt"; exit 1; }
@@ -127,6 +133,9 @@ for src in "${sources[@]}"; do
     jobs_list+=("$src|")
     pdl_variant "$src" && jobs_list+=("$src|pdl")
 done
+for src in "${probes[@]}"; do
+    jobs_list+=("$src|")
+done
 for job in "${jobs_list[@]}"; do
     src="${job%%|*}"
     variant="${job#*|}"
@@ -153,10 +162,11 @@ sha256sum -- *.cubin *.ptx >SHA256SUMS
     echo "# kern pack kernels, built by packs/kernels/build.sh"
     echo "nvcc: $NVCC_VERSION"
     echo "flags: ${ARCH[*]} ${BASE_FLAGS[*]} (+ per-file KERN_NVCC_FLAGS)"
-    for src in "${sources[@]}"; do
+    for src in "${sources[@]}" "${probes[@]}"; do
         x="$(extra_flags "$src")"
         [[ -z "$x" ]] || echo "  $(basename "$src"): $x"
     done
+    [[ ${#probes[@]} -eq 0 ]] || echo "verification probes (no pack uses them): ${probes[*]##*/}"
 } >BUILD-INFO.txt
 
 # ------------------------------------------------------------------ swap in
@@ -165,5 +175,5 @@ rm -rf "$OUT"
 mv "$STAGE" "$OUT"
 chmod 755 "$OUT"
 t_end=$(date +%s.%N)
-awk -v n="${#sources[@]}" -v o="$OUT" -v a="$t_start" -v b="$t_end" \
-    'BEGIN { printf "packs/kernels/build.sh: %d sources -> %s (%.1f s)\n", n, o, b - a }'
+awk -v n="${#sources[@]}" -v p="${#probes[@]}" -v o="$OUT" -v a="$t_start" -v b="$t_end" \
+    'BEGIN { printf "packs/kernels/build.sh: %d sources (+ %d probe) -> %s (%.1f s)\n", n, p, o, b - a }'

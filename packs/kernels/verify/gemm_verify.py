@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Correctness and speed of the qwen3 pack's GEMM / GEMV cubins on one GPU (H200).
 
-usage: python3 packs/kernels/verify/gemm_verify.py [CUBIN_DIR] [--quick] [--no-bench] [--inline]
+usage: python3 packs/kernels/verify/gemm_verify.py [CUBIN_DIR] [--quick] [--no-bench] [--inline] [--invariance]
 
 CUBIN_DIR defaults to build/packs and must hold gemm_bf16.sm_90a.cubin,
 gemm_wgmma.sm_90a.cubin and gemm_skinny.sm_90a.cubin (built by packs/kernels/build.sh).
@@ -20,6 +20,12 @@ bf16 result (cuBLAS) is measured against the same reference for comparison.
 Bit identity (skinny kernels): per family (8-warp; cluster C = 1, 2, 4) and output type, the rows
 that gemv / m16 / m32 / m64 compute for different M must be bit-identical (speculative decoding
 verifies with whichever entry fits and must reproduce plain decoding), and repeat runs too.
+
+M-invariance (wgmma; `--invariance` runs only this, the default full run includes it, --quick
+skips it): for the Qwen3-4B projection shapes, gemm_bf16_wgmma(_n128)(_f32out) must give a row the
+same bits whatever M (1 .. 8192, x = the first M rows of one matrix) and wherever the row sits in
+its 128-row tile (permuted runs); a repeat run too. Information only: the same rows against
+gemm_bf16_w64 (the GEMV family; expected to differ, other K order) and _n128 against 256-wide.
 
 Speed: CUDA events around back-to-back launches queued behind a GPU sleep (so Python launch
 overhead does not leave gaps), median of 50 repetitions, rotating across ≥4 weight copies
@@ -115,6 +121,16 @@ DECODE_SHAPES = [
 # Bit identity across the skinny entries of one family: (N, K) cases.
 IDENT_SHAPES = [(1000, 1000), (72, 2560), (1024, 2048), (2560, 9728), (4096, 1024)]
 PREFILL_SHAPES = [(6144, 2560), (19456, 2560), (2560, 9728), (2560, 4096)]
+# M-invariance of the wgmma entries (docs/batch-invariance.md): Qwen3-4B projections (label, N, K,
+# bias?), the M values, and the permuted / repeated runs (label, M, how row i of the run's x is chosen).
+INV_SHAPES = [("4B qkv", 6144, 2560, True), ("4B o", 2560, 4096, False), ("4B gate_up", 19456, 2560, False),
+              ("4B down", 2560, 9728, False)]
+INV_MS = [1, 2, 7, 64, 65, 127, 128, 129, 300, 1000, 4096, 8192]
+INV_PERMS = [("M=128 reversed", 128, "reverse"), ("M=129 rolled by 64", 129, "roll64"),
+             ("M=300 reversed", 300, "reverse"), ("M=1000 rolled by 1", 1000, "roll1"),
+             ("M=8192 random permutation", 8192, "random"), ("M=8192 repeat", 8192, "identity")]
+INV_ENTRIES = ["gemm_bf16_wgmma", "gemm_bf16_wgmma_f32out", "gemm_bf16_wgmma_n128", "gemm_bf16_wgmma_n128_f32out"]
+INV_W64_ROWS = 1024  # rows compared (information) against gemm_bf16_w64, the GEMV family's 64-row entry
 
 
 def emit(kind, **kw):
@@ -291,6 +307,129 @@ class Worker:
                         if "illegal" in repr(e).lower():
                             raise
 
+    # -- M-invariance of the wgmma entries (docs/batch-invariance.md, issue 29 item 4)
+    def invariance(self):
+        """For fixed W and the rows of one fixed 8192-row x, a row's output bits from
+        gemm_bf16_wgmma(_n128)(_f32out) must not depend on M or on the row's position in its
+        128-row tile. Runs M in INV_MS (x = the first M rows) and INV_PERMS (rows permuted,
+        repeated), compares every row with the M = 8192 run. Information only: the same rows
+        from gemm_bf16_w64(_f32out) (expected to differ: other K order) and _n128 vs 256-wide."""
+        torch, np = self.torch, self.np
+        if self.stem != "gemm_wgmma":
+            return
+        self.inv_fns = {}
+        path = os.path.join(getattr(self, "cubin_dir", "build/packs"), "gemm_wide.sm_90a.cubin")
+        if os.path.exists(path):
+            mod = self.cupy.RawModule(path=path)
+            for name in ("gemm_bf16_w64", "gemm_bf16_w64_f32out"):
+                try:
+                    self.inv_fns[name] = mod.get_function(name)
+                except Exception as e:  # noqa: BLE001
+                    emit("inv_info", what=name, detail="not loaded: " + repr(e))
+        else:
+            emit("inv_info", what="gemm_bf16_w64", detail="no file " + path)
+        g = torch.Generator(device=self.dev)
+        g.manual_seed(2929)
+        gp = np.random.default_rng(2929)
+        Mmax = max(INV_MS)
+
+        def src_rows(M, how):
+            if how == "reverse":
+                return np.arange(M)[::-1].copy()
+            if how.startswith("roll"):
+                return np.roll(np.arange(M), int(how[4:]))
+            if how == "random":
+                return gp.permutation(M)
+            return np.arange(M)
+
+        def ordered(y, f32):  # bit patterns on a line where neighbouring values are 1 apart
+            if f32:
+                b = y.view(torch.int32).to(torch.int64)
+                return torch.where(b < 0, -(2 ** 31) - b, b)
+            b = y.view(torch.int16).to(torch.int32)
+            return torch.where(b < 0, -32768 - b, b)
+
+        def row_diff(a, b, f32):
+            it = torch.int32 if f32 else torch.int16
+            ne = a.view(it) != b.view(it)
+            ulp = (ordered(a, f32) - ordered(b, f32)).abs()
+            return (int(ne.any(dim=1).sum().item()), int(ne.sum().item()),
+                    int(ulp[ne].max().item()) if bool(ne.any().item()) else 0)
+
+        for label, N, K, use_bias in INV_SHAPES:
+            x = torch.randn(Mmax, K, generator=g, device=self.dev).to(torch.bfloat16)
+            W = (torch.randn(N, K, generator=g, device=self.dev) * 0.02).to(torch.bfloat16)
+            b = (torch.randn(N, generator=g, device=self.dev) * 0.1).to(torch.bfloat16) if use_bias else None
+            chk = x[:256].float() @ W.float().t() + (b.float() if b is not None else 0.0)
+            refs = {}
+            for name in INV_ENTRIES:
+                f32 = ENTRIES[name][4]
+                case = dict(entry=name, shape=label, N=N, K=K, bias=use_bias)
+                if name not in self.fns:
+                    emit("inv", ok=False, rows=0, differ=0, detail=["entry missing"], **case)
+                    continue
+                dt = torch.float32 if f32 else torch.bfloat16
+                try:
+                    def run(M, src=None):
+                        xs = x[:M] if src is None else x[torch.as_tensor(src, device=self.dev)].contiguous()
+                        y = torch.full((M, N), float("nan"), dtype=dt, device=self.dev)
+                        self.launch(name, xs, W, b, y, M, N, K)
+                        return y
+                    ref = run(Mmax)
+                    torch.cuda.synchronize()
+                    nan = int(torch.isnan(ref.float()).sum().item())
+                    rel = (ref[:256].float() - chk).norm().item() / chk.norm().item()
+                    tol = 1e-4 if f32 else 4e-3
+                    rows = differ = 0
+                    detail = []
+                    if nan or not rel <= tol:
+                        detail.append(f"M={Mmax} run wrong: {nan} NaN, rel err {rel:.2e} > {tol:.0e}")
+                    runs = [(f"M={M}", M, None) for M in INV_MS if M != Mmax] + \
+                           [(lab, M, src_rows(M, how)) for lab, M, how in INV_PERMS]
+                    for lab, M, src in runs:
+                        y = run(M, src)
+                        want = ref[:M] if src is None else ref[torch.as_tensor(src, device=self.dev)]
+                        nrow, nel, mulp = row_diff(y, want, f32)
+                        rows += M
+                        differ += nrow
+                        if nrow:
+                            detail.append(f"{lab}: {nrow} rows ({nel} elements, max {mulp} ulp) differ")
+                        del y
+                    emit("inv", ok=not detail, rows=rows, differ=differ, rel=rel, detail=detail[:6], **case)
+                    refs[name] = ref
+                except Exception as e:  # noqa: BLE001
+                    emit("inv", ok=False, rows=0, differ=0, detail=[repr(e)], **case)
+                    if "illegal" in repr(e).lower() or "launch failure" in repr(e).lower():
+                        raise
+            # information: the GEMV family's 64-row entry, and the 128-wide vs 256-wide tiles
+            R = INV_W64_ROWS
+            for f32 in (False, True):
+                sfx = "_f32out" if f32 else ""
+                w64 = "gemm_bf16_w64" + sfx
+                y64 = None
+                if w64 in self.inv_fns:
+                    dt = torch.float32 if f32 else torch.bfloat16
+                    y64 = torch.full((R, N), float("nan"), dtype=dt, device=self.dev)
+                    grid = ENTRIES[w64][1]
+                    with self.cstream:
+                        self.inv_fns[w64](grid(R, N), (ENTRIES[w64][2], 1, 1),
+                                          (self.ptr(x), self.ptr(W), self.ptr(b), self.ptr(y64),
+                                           np.int32(R), np.int32(N), np.int32(K)), shared_mem=ENTRIES[w64][3])
+                    torch.cuda.synchronize()
+                for wg in ("gemm_bf16_wgmma" + sfx, "gemm_bf16_wgmma_n128" + sfx):
+                    if y64 is not None and wg in refs:
+                        nrow, nel, mulp = row_diff(refs[wg][:R], y64, f32)
+                        emit("inv_info", what=f"{wg} vs {w64}", shape=label, N=N, K=K, rows=R, differ=nrow,
+                             elems=nel, total=R * N, max_ulp=mulp)
+                a, c = "gemm_bf16_wgmma" + sfx, "gemm_bf16_wgmma_n128" + sfx
+                if a in refs and c in refs:
+                    nrow, nel, mulp = row_diff(refs[a], refs[c], f32)
+                    emit("inv_info", what=f"{a} vs {c}", shape=label, N=N, K=K, rows=Mmax, differ=nrow,
+                         elems=nel, total=Mmax * N, max_ulp=mulp)
+                del y64
+            del refs, x, W, b
+            torch.cuda.empty_cache()
+
     # -- timing
     def timed(self, launches, reps=50):
         """Median per-launch time (s) of `launches` (callables) run back to back."""
@@ -400,15 +539,19 @@ def worker_main(args):
     w = Worker(args.dir, args.stem, args.quick, not args.no_bench)
     w.shapes = [x for x in args.shapes.split(",") if x] if args.shapes else None
     w.ms = [int(x) for x in args.ms.split(",") if x] if args.ms else None
+    w.cubin_dir = args.dir
     try:
-        w.correctness()
-        w.identity()
+        if not args.invariance:
+            w.correctness()
+            w.identity()
+        if args.invariance or not args.quick:
+            w.invariance()
     except Exception:  # noqa: BLE001
         traceback.print_exc()
         emit("crash", stem=args.stem, phase="correctness")
         sys.stdout.flush()
         os._exit(3)
-    if not args.no_bench:
+    if not args.no_bench and not args.invariance:
         try:
             w.bench()
         except Exception:  # noqa: BLE001
@@ -422,8 +565,11 @@ def worker_main(args):
 # ----------------------------------------------------------------------------------- parent
 def run_workers(args):
     results, logs = [], []
-    for stem in args.stems.split(",") if args.stems else STEMS:
+    stems = args.stems.split(",") if args.stems else (["gemm_wgmma"] if args.invariance else STEMS)
+    for stem in stems:
         cmd = [sys.executable, os.path.abspath(__file__), args.dir, "--worker", "--stem", stem]
+        if args.invariance:
+            cmd.append("--invariance")
         if args.quick:
             cmd.append("--quick")
         if args.no_bench:
@@ -519,8 +665,41 @@ def report(results):
             print(f"{r['entry']:28s} {r['M']:5d} {r['N']:6d} {r['K']:6d} {t * 1e6:9.2f} {ms:>12s} {pc:5.0f}% "
                   f"{tt * 1e6:9.2f} {mts:>12s} {tt / t:7.2f}x")
     decode_table(benches)
+    bad |= invariance_table(results)
     print("\nRESULT:", "FAIL" if bad else "PASS")
     return 1 if bad else 0
+
+
+def invariance_table(results):
+    """The M-invariance section; returns whether anything failed."""
+    invs = [r for r in results if r["kind"] == "inv"]
+    infos = [r for r in results if r["kind"] == "inv_info"]
+    if not invs and not infos:
+        return False
+    bad = False
+    print(f"\n-- M-invariance of the wgmma entries: each row's bits vs the M={max(INV_MS)} run, for M in "
+          f"{INV_MS} (x = the first M rows of one {max(INV_MS)}-row matrix) and the permuted / repeated runs "
+          f"({'; '.join(p[0] for p in INV_PERMS)}); rows = rows compared, differ = rows with any bit different "
+          f"(expected 0)")
+    print(f"{'':4s} {'entry':28s} {'shape':11s} {'N':>6s} {'K':>6s} {'rows':>7s} {'differ':>7s} {'rel err':>9s}")
+    for r in invs:
+        bad |= not r["ok"]
+        rel = r.get("rel")
+        print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['entry']:28s} {r['shape']:11s} {r['N']:6d} {r['K']:6d} "
+              f"{r['rows']:7d} {r['differ']:7d} {rel if rel is not None else float('nan'):9.2e}"
+              + ("" if r["ok"] else "  " + "; ".join(r["detail"])))
+    if infos:
+        print(f"\n-- information: the same rows from other entries (wgmma vs gemm_bf16_w64 expected to differ: "
+              f"other K order; first {INV_W64_ROWS} rows)")
+        for r in infos:
+            if "differ" not in r:
+                print(f"     {r['what']}: {r.get('detail')}")
+                continue
+            same = "bit-identical" if r["differ"] == 0 else "differ"
+            print(f"     {r['what']:50s} {r['shape']:11s} {r['differ']:5d} of {r['rows']:5d} rows {same:13s} "
+                  f"({r['elems']} of {r['total']} elements, {r['elems'] / max(r['total'], 1) * 100:.1f}%), "
+                  f"max {r['max_ulp']} ulp")
+    return bad
 
 
 def decode_table(benches):
@@ -573,6 +752,8 @@ def main():
     ap.add_argument("--stems", default=None, help="comma list of cubin stems to test (default: all)")
     ap.add_argument("--shapes", default=None, help="comma list of decode shape labels to time, e.g. '4B o,4B down'")
     ap.add_argument("--ms", default=None, help="comma list of M values to time among 1,8,16,32,64")
+    ap.add_argument("--invariance", action="store_true",
+                    help="only the M-invariance check of the wgmma entries (also part of the default full run)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--stem", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -597,7 +778,10 @@ def main():
                 else:
                     print(line)
         return report(results)
-    return report(run_workers(args))
+    results = run_workers(args)
+    if args.invariance and not any(r["kind"] == "inv" for r in results):
+        results.append(dict(kind="missing", stem="gemm_wgmma", entry=None, error="no M-invariance results"))
+    return report(results)
 
 
 if __name__ == "__main__":
