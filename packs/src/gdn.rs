@@ -375,11 +375,18 @@ pub fn extend(cfg: &Config, opts: &PackOptions, b: &mut Map<String, Value>, ops:
                      {"param": 9}, {"param": 10}, {"i32": conv}, {"i32": hv}, {"i32": vd}, {"i32": hk}, {"i32": hv}, {"param": 11}, {"i32": n_layers}]})
     };
     let mut launches = vec![];
-    // A step with tokens > seqs exists only when a step may have more tokens than one.
-    if opts.max_tokens > 1 {
-        launches.push(rule(&format!("gdn_chunk_{sfx}"), json!([format!("seqs * {prefill}"), hv, 4]), 256, CHUNK_SMEM));
+    if opts.batch_invariant {
+        // The recurrent rule at every step size (`--batch-invariant`): it walks a row's tokens
+        // in order, so with the fp32 state a token's bits do not depend on where its prompt was
+        // cut or on what else is in the step (docs/batch-invariance.md).
+        launches.push(rule(&format!("gdn_recurrent_{sfx}"), json!(["seqs", hv, 2]), D, 0));
+    } else {
+        // A step with tokens > seqs exists only when a step may have more tokens than one.
+        if opts.max_tokens > 1 {
+            launches.push(rule(&format!("gdn_chunk_{sfx}"), json!([format!("seqs * {prefill}"), hv, 4]), 256, CHUNK_SMEM));
+        }
+        launches.push(rule(&format!("gdn_recurrent_{sfx}"), json!([format!("seqs * (1 - {prefill})"), hv, 2]), D, 0));
     }
-    launches.push(rule(&format!("gdn_recurrent_{sfx}"), json!([format!("seqs * (1 - {prefill})"), hv, 2]), D, 0));
     o.insert("gdn_rule".into(), json!({
         "params": ["out buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<f32>", "in buffer<f32>", "state",
                    seq_in[0], seq_in[1], seq_in[2], "i32", "i32"],

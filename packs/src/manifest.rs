@@ -96,9 +96,11 @@ pub struct PackOptions {
     /// Batch-invariant program (`--batch-invariant`, issue 29, docs/batch-invariance.md): every
     /// projection runs the GEMV family at every step size (`gemv_bf16`, `gemm_bf16_m16`, the wide
     /// `gemm_bf16_w32` / `w64`, the last for any M in passes of 64 rows) instead of wgmma above 64
-    /// rows, and every step's attention is `attention_prefill_dD`, decode steps included, so a
-    /// row's bits do not depend on the step it is in or on how its prompt was cut. Costs prefill
-    /// speed (W re-read per 64 rows) and long-context decode attention (no split).
+    /// rows, every step's attention is one kernel (`attention_prefill_dD`, or `attention_dD` at
+    /// head_dim 256), decode steps included, and a hybrid's delta rule is the recurrent one at
+    /// every step (fp32 state), so a row's bits do not depend on the step it is in or on how its
+    /// prompt was cut. Costs prefill speed (W re-read per 64 rows) and long-context decode
+    /// attention (no split).
     pub batch_invariant: bool,
 }
 
@@ -495,23 +497,24 @@ pub fn fusion_supported(cfg: &Config) -> std::result::Result<(), String> {
     }
 }
 
-/// Whether `--batch-invariant` can be written for `cfg` and `opts`: the tensor-core prefill
-/// attention must take the heads (head_dim 64 or 128, at most 16 query heads per kv head), and
-/// the weights must be bf16 (the FP8 and GGUF-block kernels switch arithmetic with M too). A
-/// hybrid's chunked and recurrent delta rules sum in different orders, so hybrids are refused.
+/// Whether `--batch-invariant` can be written for `cfg` and `opts`. Attention: the tensor-core
+/// prefill kernel where it takes the heads (head_dim 64 or 128, at most 16 query heads per kv
+/// head), else the SIMT `attention_dD` (head_dim 256: Gemma 3, the hybrids' gated attention) —
+/// both keep a row's bits in any step (host emulation). The weights must be bf16 (the FP8 and
+/// GGUF-block kernels switch arithmetic with M too). A hybrid's Gated DeltaNet layers run the
+/// recurrent rule at every step size (the chunked rule sums a chunk in another order), which
+/// walks a row's tokens one by one: the fp32 state then holds the same bits wherever a prompt is
+/// cut; the bf16 state, rounded at every step's end, does not, so it is refused.
 pub fn check_batch_invariant(cfg: &Config, opts: &PackOptions) -> std::result::Result<(), String> {
     let mut why = vec![];
-    if let Err(e) = check_prefill_tc(cfg) {
-        why.push(format!("the tensor-core prefill attention every step would run ({e})"));
-    }
     if !opts.native.is_empty() {
         why.push("GGUF-native weights (pack with --dequantize)".to_string());
     }
     if !opts.fp8.weights.is_empty() {
         why.push("FP8 weights".to_string());
     }
-    if cfg.hybrid.is_some() {
-        why.push("Gated DeltaNet layers (chunked and recurrent forms sum in different orders)".to_string());
+    if cfg.hybrid.is_some() && opts.gdn_state != crate::gdn::GdnState::F32 {
+        why.push("--gdn-state bf16 (the state is rounded at every step's end, so a prompt cut elsewhere rounds elsewhere; pack with --gdn-state f32)".to_string());
     }
     if why.is_empty() {
         Ok(())
@@ -542,7 +545,8 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
         check_batch_invariant(cfg, &opts).map_err(PackError::Config)?;
         opts.batch_gemm = BatchGemm::Invariant;
         opts.decode_attention = DecodeAttention::Plain;
-        opts.prefill_attention = PrefillAttention::Tc;
+        // The tensor-core kernel where it takes the heads, else attention_dD, for every step.
+        opts.prefill_attention = if check_prefill_tc(cfg).is_ok() { PrefillAttention::Tc } else { PrefillAttention::Simt };
     }
     let opts = &opts;
     if opts.prefill_attention == PrefillAttention::Tc {
@@ -560,7 +564,8 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     // With split decode and tensor-core prefill, attention_dD runs for no step size; batch-invariant
     // packs run neither attention_dD nor wgmma.
     let unused = |m: &&str| {
-        (*m == "attention" && ((split.is_some() && prefill_tc.is_some()) || opts.batch_invariant))
+        (*m == "attention" && split.is_some() && prefill_tc.is_some())
+            || (*m == "attention" && opts.batch_invariant && prefill_tc.is_some())
             || (*m == "gemm_wgmma" && opts.batch_invariant)
             || (*m == "rope" && cfg.hybrid.is_some())
     };
@@ -1049,6 +1054,10 @@ fn build(cfg: &Config, opts: &PackOptions, modules: Value) -> Value {
         let mut params = json!(["out buffer<bf16>", "in buffer<bf16>", "state", "in buffer<i32>", "in buffer<i32>", "in buffer<i32>", "i32", "i32", "i32", "i32"]);
         if !split {
             params.as_array_mut().expect("array").push(json!("i32"));
+        }
+        if opts.batch_invariant && !tc {
+            // One kernel for every step: attention_dD (head_dim 256), decode rows included.
+            return json!({"params": params, "impl": {"launches": [plain]}});
         }
         if opts.batch_invariant {
             // One kernel for every step: the tensor-core prefill kernel, decode rows included

@@ -125,8 +125,61 @@ fn batch_invariant_packs_run_one_arithmetic_at_every_step_size() {
         let live = att.launches.iter().filter(|l| l.grid.iter().all(|g| g.eval(&v).unwrap() > 0)).count();
         assert_eq!(live, 1, "attention at tokens {tokens} seqs {seqs}");
     }
-    // Refused by name: Gemma 3's head_dim 256 (no tensor-core prefill kernel for it).
-    let e = generate(&preset("gemma-3-4b").unwrap(), &o, &out.join("gemma")).unwrap_err().to_string();
-    assert!(e.contains("--batch-invariant") && e.contains("head_dim"), "{e}");
+    // Gemma 3's head_dim 256 (no tensor-core prefill kernel for it): attention_dD at every step.
+    let g = load(&generate(&preset("gemma-3-4b").unwrap(), &o, &out.join("gemma")).unwrap(), &CheckOptions::default()).unwrap();
+    assert!(g.batch_invariant);
+    assert!(!g.modules.iter().any(|x| x.name == "gemm_wgmma" || x.name == "attention_prefill" || x.name == "attention_decode"), "unused modules");
+    one_attention_launch(&g, "attention_d256");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// `attention` has the one launch `entry`, and it runs at decode, prefill and mixed steps.
+fn one_attention_launch(m: &kern_manifest::Manifest, entry: &str) {
+    let att = &m.ops[m.op("attention").unwrap().0];
+    assert!(att.launches.iter().all(|l| l.entry == entry), "{:?}", att.launches.iter().map(|l| &l.entry).collect::<Vec<_>>());
+    let mut v = m.vars_at_max();
+    for (tokens, seqs) in [(1, 1), (8, 8), (16, 16), (256, 1), (200, 17)] {
+        v[m.var("tokens").unwrap().0] = tokens;
+        v[m.var("seqs").unwrap().0] = seqs;
+        let live = att.launches.iter().filter(|l| l.grid.iter().all(|g| g.eval(&v).unwrap() > 0)).count();
+        assert_eq!(live, 1, "{entry} at tokens {tokens} seqs {seqs}");
+    }
+}
+
+/// The Gated DeltaNet hybrids under `--batch-invariant`: the recurrent delta rule (fp32 state)
+/// is the one GDN launch at every step size, prefill chunks included (no chunked rule); the
+/// attention layers take the tensor-core kernel (head_dim 128) or attention_dD (256) at every
+/// step; the projections, the MoE router and the shared expert run the GEMV family (no wgmma);
+/// `kern check` passes; the bf16 state is refused by name.
+#[test]
+fn batch_invariant_hybrids_run_the_recurrent_rule_at_every_step_size() {
+    let out = std::env::temp_dir().join(format!("kern-pack-invariant-hybrid-{}", std::process::id()));
+    let o = PackOptions { batch_invariant: true, ..opts(BatchGemm::Wide) };
+    for (name, att) in [("qwen3.5-small", "attention_prefill_d128"), ("qwen3-next-small-d256", "attention_d256"), ("qwen3-next-small", "attention_prefill_d128")] {
+        let cfg = preset(name).unwrap();
+        let m = load(&generate(&cfg, &o, &out.join(name)).unwrap(), &CheckOptions::default()).unwrap_or_else(|d| panic!("{name}: {d}"));
+        assert!(m.batch_invariant, "{name}");
+        assert!(!m.modules.iter().any(|x| x.name == "gemm_wgmma"), "{name}: no wgmma");
+        one_attention_launch(&m, att);
+        let rule = &m.ops[m.op("gdn_rule").unwrap().0];
+        // (Two copies under --pdl-small-steps, one per side of 8 tokens; exactly one runs.)
+        assert!(rule.launches.iter().all(|l| l.entry == "gdn_recurrent_f32"), "{name}: {:?}", rule.launches.iter().map(|l| &l.entry).collect::<Vec<_>>());
+        let mut v = m.vars_at_max();
+        for (tokens, seqs) in [(1, 1), (8, 8), (9, 9), (256, 1), (200, 17)] {
+            v[m.var("tokens").unwrap().0] = tokens;
+            v[m.var("seqs").unwrap().0] = seqs;
+            let live: Vec<i64> = rule.launches.iter().map(|l| l.grid[0].eval(&v).unwrap()).filter(|&x| x > 0).collect();
+            assert_eq!(live, [seqs], "{name}: one launch, a CTA row per sequence, at tokens {tokens} seqs {seqs}");
+        }
+        for op in ["gdn_in_proj", "gdn_out_proj", "moe_router", "shared_gate_up"] {
+            if m.op(op).is_some() {
+                assert_eq!(running(&m, op, "tokens", 200).0, "gemm_bf16_w64", "{name} {op} at 200 rows");
+                assert_eq!(running(&m, op, "tokens", 1).0, "gemv_bf16", "{name} {op} at 1 row");
+            }
+        }
+    }
+    let bf16 = PackOptions { gdn_state: kern_packs::gdn::GdnState::Bf16, ..o.clone() };
+    let e = generate(&preset("qwen3.5-small").unwrap(), &bf16, &out.join("bf16")).unwrap_err().to_string();
+    assert!(e.contains("--batch-invariant") && e.contains("--gdn-state bf16"), "{e}");
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -102,9 +102,10 @@ pub struct Args {
     #[arg(long, value_name = "on|off", default_value = "off", value_parser = on_off, action = clap::ArgAction::Set)]
     decode_fusion: bool,
     /// A batch-invariant program (docs/batch-invariance.md): every projection runs the decode
-    /// GEMV family at every step size (no wgmma above 64 rows) and every step's attention is the
-    /// tensor-core prefill kernel, so a row's bits do not depend on what else is in its step or on
-    /// how its prompt was cut. bf16 weights with head_dim 64 or 128 only. On an H200: a greedy
+    /// GEMV family at every step size (no wgmma above 64 rows), every step's attention is one
+    /// kernel (the tensor-core prefill kernel, or attention_dD at head_dim 256) and a hybrid's
+    /// Gated DeltaNet layers run the recurrent rule (fp32 state), so a row's bits do not depend on
+    /// what else is in its step or on how its prompt was cut. bf16 weights only. On an H200: a greedy
     /// request alone == under 256 streams 32/32 (default packs 14/32); Qwen3-4B 8k prefill +84%,
     /// batch 1 +10%, batch 64 0% (docs/batch-invariance.md)
     #[arg(long)]

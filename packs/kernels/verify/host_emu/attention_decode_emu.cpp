@@ -8,6 +8,9 @@
 // longer than every context: every output and scratch bit is the no-window run's. Then batch
 // invariance: the same rows in steps of 1, 3, 8 and 64 rows, at several grid z sizes and as verify
 // rows must be bit-identical (run_invariance), with and without a window.
+// And attention_dD's per-row invariance across schedules (run_dd_row_invariance: one prefill chunk,
+// other cuts, behind other sequences, one-token rows in mixed steps; D 128 / 256, G 1 / 2 / 4 / 8,
+// windows; a negative control), the evidence for running attention_dD at every step size.
 // Checks the logic (token lookup, chunking, window start, scratch layout, combine), not GPU behaviour.
 //
 //   bash packs/kernels/verify/host_emu/run.sh
@@ -480,6 +483,191 @@ static bool run_invariance(const char* name, int Hq, int Hkv, int D, int max_chu
     return ok;
 }
 
+// ---- attention_dD per-row invariance across schedules (docs/batch-invariance.md: a batch-invariant
+// pack of the hybrids runs attention_dD for every attention step, decode rows included). Sequences
+// with fixed K / V / Q per position; the same query rows computed under several schedules (one
+// prefill chunk; the prompt cut at 1, 17, 64 and page-unaligned places; behind other sequences in
+// the same varlen step; the last rows as one-token rows in mixed steps beside other sequences'
+// prefill chunks; every row a one-token row; a grid smaller than the work) must give
+// bit-identical outputs. attention_dD's query tiles are 32 / G tokens of a sequence's new tokens,
+// so a row's tile, its place in the tile, the tile's first / last key tile and its warp slot all
+// change with the cut: fully masked key tiles must add exact zeros with a rescale of exactly 1.
+// The negative control scales the scores of later schedules by 1 + 2^-12: it must differ.
+struct DDPiece {
+    int seq, start, count;  // rows start .. start+count-1 of sequence seq (its keys 0 .. start+count-1)
+};
+using DDSchedule = std::vector<std::vector<DDPiece>>;  // steps
+
+static bool run_dd_row_invariance(const char* name, int Hq, int Hkv, int D, int window, const std::vector<int>& lens,
+                                  const std::vector<DDSchedule>& schedules, unsigned seed, bool control = false) {
+    const int layers = 2, layer = 1, pt = 16, S = (int)lens.size();
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    const size_t row = (size_t)Hkv * D, page_elems = (size_t)pt * layers * 2 * row;
+    int max_pages = 0, total_pages = 0;
+    std::vector<std::vector<int>> pages(S);
+    for (int s = 0; s < S; ++s) {
+        const int np = cdiv(lens[s], pt);
+        max_pages = std::max(max_pages, np);
+        for (int j = 0; j < np; ++j) pages[s].push_back(total_pages++);
+    }
+    std::vector<int> perm(total_pages);
+    for (int i = 0; i < total_pages; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (auto& ps : pages)
+        for (int& p : ps) p = perm[p];
+    std::vector<uint16_t> pool((size_t)total_pages * page_elems, BF_NAN);
+    const int q_stride = (Hq + 2 * Hkv) * D;
+    std::vector<std::vector<uint16_t>> Q(S);  // [pos][Hq·D]
+    for (int s = 0; s < S; ++s) {
+        Q[s].resize((size_t)lens[s] * Hq * D);
+        for (auto& x : Q[s]) x = bf(nd(rng));
+        for (int p = 0; p < lens[s]; ++p)
+            for (int kv = 0; kv < 2; ++kv)
+                for (size_t e = 0; e < row; ++e)
+                    pool[pages[s][p / pt] * page_elems + ((size_t)(layer * 2 + kv) * pt + p % pt) * row + e] = bf(nd(rng));
+    }
+    const float scale = 1.0f / std::sqrt((float)D);
+    std::vector<std::vector<std::vector<uint16_t>>> first(S);  // (seq, pos) -> bits of its first result
+    for (int s = 0; s < S; ++s) first[s].resize(lens[s]);
+    long rows = 0, differ = 0, elems_differ = 0;
+    int steps = 0, bad = 0;
+    for (size_t si = 0; si < schedules.size(); ++si) {
+        const float sc_step = control && si > 0 ? scale * (1.0f + 0x1p-12f) : scale;
+        for (const auto& step : schedules[si]) {
+            ++steps;
+            const int Sb = (int)step.size() + 1;  // + a padded sequence (no tokens)
+            int n = 0;
+            for (auto& pc : step) n += pc.count;
+            const int T = n + 1;  // + a padded token
+            std::vector<int> bt((size_t)Sb * max_pages, -1), sl, qs{0};
+            std::vector<uint16_t> qkv((size_t)T * q_stride, bf(1.f));
+            int t = 0;
+            for (size_t i = 0; i < step.size(); ++i) {
+                const DDPiece& pc = step[i];
+                for (int j = 0; j < cdiv(pc.start + pc.count, pt); ++j) bt[i * max_pages + j] = pages[pc.seq][j];
+                sl.push_back(pc.start + pc.count);
+                qs.push_back(qs.back() + pc.count);
+                for (int r = 0; r < pc.count; ++r, ++t)
+                    std::copy_n(&Q[pc.seq][(size_t)(pc.start + r) * Hq * D], Hq * D, &qkv[(size_t)t * q_stride]);
+            }
+            qs.push_back(qs.back());
+            sl.push_back(0);
+            std::vector<uint16_t> out((size_t)T * Hq * D, BF_NAN);
+            // odd schedules: a grid of 3 CTAs per kv head (grid-stride over the work items)
+            emu_attention(D, reinterpret_cast<kern::bf16*>(out.data()), reinterpret_cast<const kern::bf16*>(qkv.data()),
+                          reinterpret_cast<const kern::bf16*>(pool.data()), bt.data(), sl.data(), qs.data(), Sb, T, max_pages,
+                          q_stride, Hq, Hkv, layer, layers, pt, sc_step, window, si % 2 ? 3u : 0u);
+            for (int e = 0; e < Hq * D; ++e) bad += out[(size_t)n * Hq * D + e] != 0 && out[(size_t)n * Hq * D + e] != 0x8000;
+            t = 0;
+            for (const DDPiece& pc : step)
+                for (int r = 0; r < pc.count; ++r, ++t) {
+                    std::vector<uint16_t> got(out.begin() + (size_t)t * Hq * D, out.begin() + (size_t)(t + 1) * Hq * D);
+                    for (uint16_t u : got) bad += !std::isfinite(fb(u));
+                    auto& f = first[pc.seq][pc.start + r];
+                    if (f.empty()) {
+                        f = std::move(got);
+                        continue;
+                    }
+                    ++rows;
+                    if (f != got) {
+                        if (!control && differ < 4)
+                            std::printf("    differs: schedule %zu, seq %d row %d (piece %d+%d of a %zu-piece step)\n", si, pc.seq,
+                                        pc.start + r, pc.start, pc.count, step.size());
+                        ++differ;
+                        for (int e = 0; e < Hq * D; ++e) elems_differ += f[e] != got[e];
+                    }
+                }
+        }
+    }
+    const bool ok = bad == 0 && (control ? differ > 0 : rows > 0 && differ == 0);
+    std::printf("[%s] attention_d%d per-row invariance%s, %s: Hq=%d Hkv=%d (G=%d) D=%d window %d: %zu schedules, %d steps, %ld rows "
+                "recomputed, %ld not bit-identical to their first result (%ld elements)%s\n",
+                ok ? "PASS" : "FAIL", D, control ? " (negative control: scores scaled by 1 + 2^-12 must differ)" : "", name, Hq, Hkv,
+                Hq / Hkv, D, window, schedules.size(), steps, rows, differ, elems_differ,
+                bad ? ", NON-FINITE output or padded token not zero" : "");
+    return ok;
+}
+
+// Schedules for sequences 0 (a tokens) and 1 (b tokens) with sequence 2 (c tokens) as filler.
+static std::vector<DDSchedule> dd_schedules(int a, int b, int c) {
+    std::vector<DDSchedule> sc;
+    sc.push_back({{{0, 0, a}}, {{1, 0, b}}});  // each prompt in one chunk, alone
+    for (int cut : {1, 17, 64})                  // cut + rest (both sequences in each step)
+        sc.push_back({{{0, 0, cut}, {1, 0, cut}}, {{1, cut, b - cut}, {0, cut, a - cut}}});
+    // page-unaligned cuts (page 16), different for the two sequences, several steps
+    sc.push_back({{{0, 0, 37}}, {{0, 37, 63}, {1, 0, 23}}, {{1, 23, 48}, {0, 100, 63}}, {{0, 163, a - 163}, {1, 71, b - 71}}});
+    // behind other sequences in one varlen step (the filler first, then 1, then 0)
+    sc.push_back({{{2, 0, c}, {1, 0, b}, {0, 0, a}}});
+    // the last rows as one-token rows in mixed steps beside other sequences' prefill chunks
+    {
+        DDSchedule s = {{{0, 0, a - 6}, {1, 0, b - 5}}};
+        for (int k = 0; k < 6; ++k) {
+            std::vector<DDPiece> st = {{2, (7 * k) % (c - 9), 9}, {0, a - 6 + k, 1}};
+            if (k < 5) st.insert(st.begin() + (k % 2), DDPiece{1, b - 5 + k, 1});
+            s.push_back(st);
+        }
+        sc.push_back(s);
+    }
+    // one-token rows (decode-like steps: sequence 0 and 1 side by side, 1 first) for the first 40
+    // positions and the last 20, the middle as one chunk each
+    {
+        DDSchedule s;
+        auto ones = [&](int p0, int p1, int q0, int q1) {
+            for (int k = 0; k < std::max(p1 - p0, q1 - q0); ++k) {
+                std::vector<DDPiece> st;
+                if (q0 + k < q1) st.push_back({1, q0 + k, 1});
+                if (p0 + k < p1) st.push_back({0, p0 + k, 1});
+                s.push_back(st);
+            }
+        };
+        ones(0, 40, 0, 40);
+        s.push_back({{0, 40, a - 60}, {1, 40, b - 60}});
+        ones(a - 20, a, b - 20, b);
+        sc.push_back(s);
+    }
+    // odd chunk sizes (5, 11, 29 tokens, cycled)
+    {
+        DDSchedule s;
+        const int sz[3] = {5, 11, 29};
+        int pa = 0, pb = 0, k = 0;
+        while (pa < a || pb < b) {
+            std::vector<DDPiece> st;
+            if (pb < b) {
+                const int m = std::min(sz[(k + 1) % 3], b - pb);
+                st.push_back({1, pb, m});
+                pb += m;
+            }
+            if (pa < a) {
+                const int m = std::min(sz[k % 3], a - pa);
+                st.push_back({0, pa, m});
+                pa += m;
+            }
+            s.push_back(st);
+            ++k;
+        }
+        sc.push_back(s);
+    }
+    return sc;
+}
+
+static int dd_row_invariance_all() {
+    const std::vector<int> lens = {200, 100, 50};
+    const auto sc = dd_schedules(200, 100, 50);
+    const std::vector<DDSchedule> sc_control(sc.begin(), sc.begin() + 4);
+    int fails = 0;
+    fails += !run_dd_row_invariance("G=1 D=128", 2, 2, 128, 0, lens, sc, 21);
+    fails += !run_dd_row_invariance("G=4 D=128", 4, 1, 128, 0, lens, sc, 22);
+    fails += !run_dd_row_invariance("G=8 D=128", 8, 1, 128, 0, lens, sc, 23);
+    fails += !run_dd_row_invariance("G=4 D=128, window 37", 4, 1, 128, 37, lens, sc, 24);
+    fails += !run_dd_row_invariance("G=1 D=256", 1, 1, 256, 0, lens, sc, 25);
+    fails += !run_dd_row_invariance("G=4 D=256", 4, 1, 256, 0, lens, sc, 26);
+    fails += !run_dd_row_invariance("G=8 D=256", 8, 1, 256, 0, lens, sc, 27);
+    fails += !run_dd_row_invariance("G=2 D=256, window 100", 4, 2, 256, 100, lens, sc, 28);
+    fails += !run_dd_row_invariance("G=4 D=128", 4, 1, 128, 0, lens, sc_control, 22, true);
+    return fails;
+}
+
 int main() {
     auto plain = [](std::vector<int> ctx) {
         std::vector<std::pair<int, int>> r;
@@ -549,6 +737,9 @@ int main() {
     fails += !run_invariance("window 1024, Gemma3-4B-like chunking, D=256 G=2", 2, 1, 256, 64, 4,
                              {1, 1023, 1024, 1025, 1056, 1057, 2049, 4096}, 80, 1024);
     n += 4;
+    // attention_dD per-row invariance across schedules (9 checks, the last a negative control)
+    fails += dd_row_invariance_all();
+    n += 9;
     std::printf("%d passed, %d failed\n", n - fails, fails);
     return fails ? 1 : 0;
 }

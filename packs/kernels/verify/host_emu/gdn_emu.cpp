@@ -13,6 +13,10 @@
 //              value-column slices per CTA) through the templates and D = 128 through the
 //              extern "C" entries; a slot's other layer and other slots untouched
 //   norm       gdn_norm_gated vs the transformers order of bf16 roundings (one bf16 unit)
+//   invariance the same sequence cut at 1 / 16 / 64 / 100, as one-token steps, beside other
+//              sequences: conv + conv state + gdn_recurrent_f32 + gated norm outputs and final
+//              states bit-identical (the batch-invariant pack's chain); bf16 state as a negative
+//              control; gdn_chunk_f32 vs recurrent (information)
 //   negative   a state reset in the middle of a sequence (position 0 given to a later chunk) and a
 //              stale slot are caught by the same checks (they must FAIL), so the checks can fail
 //
@@ -530,6 +534,205 @@ void suite(Shape sh, const std::vector<int>& lens, const std::vector<int>& prefi
     }
 }
 
+
+// ------------------------------------------------------------------ invariance across cuts
+// docs/batch-invariance.md: a batch-invariant pack of the hybrids runs gdn_conv_* +
+// gdn_conv_state_* and gdn_recurrent_f32 at EVERY step (prefill chunks too), so a sequence's bits
+// must not depend on how its prompt is cut into steps or on what else is in the step. The same
+// sequences (150, 40, 77, 9 tokens) run through conv + conv state + recurrent rule + gated norm
+// (the extern "C" entries, D = 128, Hk 2, Hv 4) under several schedules: the prompt as one step,
+// two steps cut at 1 / 16 / 64 / 100, 150 one-token steps, beside other sequences (not first in
+// the step, so its tokens sit elsewhere in gdn_conv's 16-token tiles), its last rows as one-token
+// rows beside other sequences' prefill chunks, odd pieces. Every token's conv output, rule
+// output and norm output and the final conv state and recurrent state bytes must be bit-identical
+// to the one-step run. Negative control: the bf16 state (gdn_recurrent_bf16: rounded to bf16 at
+// the end of each step) must differ between cuttings. Information only: gdn_chunk_f32 vs
+// gdn_recurrent_f32, and gdn_chunk_f32 across cuts.
+using InvRow = Runner<128, float>::Row;
+using InvSched = std::vector<std::vector<InvRow>>;
+
+struct InvResult {
+    std::vector<std::vector<uint16_t>> y, o, nout;    // per sequence, every token
+    std::vector<std::vector<unsigned char>> conv, rec;  // per sequence: the layer's final state bytes
+    std::vector<bool> complete;                        // the schedule ran the whole sequence
+};
+
+template <class ST>
+InvResult inv_run(const Model& m, const InvSched& sched, Kind kind) {
+    Runner<128, ST> r(m, 5);
+    r.use_entries = true;
+    const int ns = (int)m.seqs.size();
+    // distinct slots, permuted (Runner's (3i + 1) mod (ns + 2) repeats slots at ns = 4)
+    for (int i = 0; i < ns; ++i) r.slot_of[i] = (ns - i) % r.nslots;
+    for (int i = 0; i < ns; ++i)
+        for (int j = 0; j < i; ++j)
+            if (r.slot_of[i] == r.slot_of[j]) std::printf("    (harness error: two sequences share a slot)\n");
+    std::vector<int> done(ns, 0);
+    bool order_ok = true;
+    for (const auto& step : sched) {
+        std::vector<typename Runner<128, ST>::Row> rows;
+        for (const InvRow& x : step) {
+            order_ok &= x.start == done[x.seq];
+            done[x.seq] += x.count;
+            rows.push_back({x.seq, x.start, x.count});
+        }
+        r.step(rows, kind);
+    }
+    if (!order_ok) std::printf("    (schedule error: a piece does not continue its sequence)\n");
+    InvResult res;
+    res.y = r.y;
+    res.o = r.o;
+    res.nout = r.nout;
+    for (int s = 0; s < ns; ++s) {
+        res.complete.push_back(order_ok && done[s] == m.seqs[s].len);
+        const unsigned char* base = r.state.data() + (size_t)r.slot_of[s] * r.seq_bytes + (size_t)r.layer * r.layer_bytes;
+        res.conv.emplace_back(base, base + r.conv_bytes);
+        res.rec.emplace_back(base + r.conv_bytes, base + r.layer_bytes);
+    }
+    return res;
+}
+
+// Differences between two runs for the sequences both completed: elements (16-bit for bf16 data,
+// ST-sized for the recurrent state) and bits.
+struct InvDiff {
+    long y = 0, o = 0, nout = 0, conv = 0, rec = 0, rec_bits = 0, o_bits = 0, compared_seqs = 0;
+    long rec_elems = 0, o_elems = 0;
+    bool all_same() const { return !y && !o && !nout && !conv && !rec; }
+};
+template <class ST>
+InvDiff inv_diff(const InvResult& a, const InvResult& b) {
+    InvDiff d;
+    auto cnt16 = [](const std::vector<uint16_t>& x, const std::vector<uint16_t>& y, long* bits) {
+        long n = 0;
+        for (size_t i = 0; i < x.size(); ++i)
+            if (x[i] != y[i]) {
+                ++n;
+                if (bits) *bits += __builtin_popcount((unsigned)(x[i] ^ y[i]));
+            }
+        return n;
+    };
+    for (size_t s = 0; s < a.y.size(); ++s) {
+        if (!a.complete[s] || !b.complete[s]) continue;
+        ++d.compared_seqs;
+        d.y += cnt16(a.y[s], b.y[s], nullptr);
+        d.o += cnt16(a.o[s], b.o[s], &d.o_bits);
+        d.o_elems += (long)a.o[s].size();
+        d.nout += cnt16(a.nout[s], b.nout[s], nullptr);
+        for (size_t i = 0; i < a.conv[s].size(); ++i) d.conv += a.conv[s][i] != b.conv[s][i];
+        const size_t n = a.rec[s].size() / sizeof(ST);
+        d.rec_elems += (long)n;
+        for (size_t i = 0; i < n; ++i) {
+            uint32_t u = 0, v = 0;
+            std::memcpy(&u, a.rec[s].data() + i * sizeof(ST), sizeof(ST));
+            std::memcpy(&v, b.rec[s].data() + i * sizeof(ST), sizeof(ST));
+            if (u != v) {
+                ++d.rec;
+                d.rec_bits += __builtin_popcount(u ^ v);
+            }
+        }
+    }
+    return d;
+}
+std::string inv_fmt(const InvDiff& d) {
+    char buf[320];
+    std::snprintf(buf, sizeof buf,
+                  "%ld sequences compared; differing: conv out %ld, rule out %ld of %ld (%ld bits), norm out %ld, conv state "
+                  "bytes %ld, recurrent state %ld of %ld elements (%ld bits)",
+                  d.compared_seqs, d.y, d.o, d.o_elems, d.o_bits, d.nout, d.conv, d.rec, d.rec_elems, d.rec_bits);
+    return buf;
+}
+
+void cut_invariance() {
+    const Shape sh{2, 4, 128};
+    const int L0 = 150;
+    const Model m = make_model(sh, {L0, 40, 77, 9}, 4242u);
+    std::vector<std::pair<std::string, InvSched>> sc;
+    sc.push_back({"one step", {{{0, 0, L0}}}});
+    for (int c : {1, 16, 64, 100})
+        sc.push_back({"cut at " + std::to_string(c), {{{0, 0, c}}, {{0, c, L0 - c}}}});
+    {
+        InvSched s;
+        for (int p = 0; p < L0; ++p) s.push_back({{0, p, 1}});
+        sc.push_back({"150 one-token steps", s});
+    }
+    sc.push_back({"beside other sequences (3rd of 3 rows, then 3rd of 3)",
+                  {{{1, 0, 40}, {2, 0, 30}, {0, 0, 100}}, {{2, 30, 47}, {3, 0, 9}, {0, 100, L0 - 100}}}});
+    {
+        InvSched s = {{{1, 0, 21}, {0, 0, L0 - 13}}};
+        for (int k = 0; k < 13; ++k) {
+            std::vector<InvRow> st = {{2, 5 * k, 5}};
+            if (k < 9) st.insert(st.begin() + (k % 2), InvRow{3, k, 1});
+            st.insert(st.begin() + (k % 3 == 0 ? 0 : 1), InvRow{0, L0 - 13 + k, 1});
+            if (k == 0) st.push_back({1, 21, 19});
+            s.push_back(st);
+        }
+        sc.push_back({"last 13 rows as one-token rows beside prefill chunks", s});
+    }
+    {
+        InvSched s;
+        int p = 0, k = 0;
+        for (int n : {7, 33, 1, 1, 50, 58}) {
+            std::vector<InvRow> st;
+            if (k == 1) st.push_back({1, 0, 40});
+            if (k == 2) st.push_back({3, 0, 9});
+            st.push_back({0, p, n});
+            if (k == 3) st.push_back({2, 0, 77});
+            s.push_back(st);
+            p += n;
+            ++k;
+        }
+        sc.push_back({"pieces 7 33 1 1 50 58 beside other rows", s});
+    }
+    // fp32 state, gdn_recurrent_f32 at every step: bit-identical to the one-step run
+    std::vector<InvResult> f32;
+    for (auto& [name, s] : sc) f32.push_back(inv_run<float>(m, s, RECURRENT));
+    for (size_t i = 1; i < sc.size(); ++i) {
+        const InvDiff d = inv_diff<float>(f32[0], f32[i]);
+        report(d.all_same() && d.compared_seqs > 0,
+               "invariance across cuts, fp32 state, gdn_recurrent_f32 at every step: " + sc[i].first +
+                   " vs one step: every token's conv / rule / norm output and the final conv and recurrent state bit-identical (" +
+                   inv_fmt(d) + ")");
+    }
+    // the neighbours too: every schedule that completed them against the first that did
+    {
+        InvDiff tot;
+        for (size_t i = 1; i < sc.size(); ++i)
+            for (size_t j = 0; j < i; ++j) {
+                InvResult a = f32[j], b = f32[i];
+                a.complete[0] = false;  // sequence 0 is checked above
+                const InvDiff d = inv_diff<float>(a, b);
+                tot.compared_seqs += d.compared_seqs;
+                tot.y += d.y, tot.o += d.o, tot.nout += d.nout, tot.conv += d.conv, tot.rec += d.rec;
+                tot.o_elems += d.o_elems, tot.rec_elems += d.rec_elems, tot.o_bits += d.o_bits, tot.rec_bits += d.rec_bits;
+            }
+        report(tot.all_same() && tot.compared_seqs > 0,
+               "invariance across cuts, fp32 state: the neighbour sequences (40, 77, 9 tokens) across every pair of schedules "
+               "that completed them (" + inv_fmt(tot) + ")");
+    }
+    // negative control: the bf16 state is rounded at the end of every step, so cuts change bits
+    {
+        const std::vector<size_t> which = {0, 2, 3, 5};  // one step, cut at 16, cut at 64, one-token steps
+        std::vector<InvResult> b16;
+        for (size_t i : which) b16.push_back(inv_run<bf16>(m, sc[i].second, RECURRENT));
+        bool differs = true;
+        std::string msg;
+        for (size_t k = 1; k < which.size(); ++k) {
+            const InvDiff d = inv_diff<bf16>(b16[0], b16[k]);
+            differs &= d.rec > 0;
+            msg += "\n      " + sc[which[k]].first + " vs one step: " + inv_fmt(d);
+        }
+        report(differs, "negative control: bf16 state (gdn_recurrent_bf16) differs between cuttings (recurrent state in each)" + msg);
+    }
+    // information only: the chunked kernel vs the recurrent one, and the chunked kernel across cuts
+    {
+        const InvResult c_one = inv_run<float>(m, sc[0].second, CHUNK);
+        const InvResult c_64 = inv_run<float>(m, sc[3].second, CHUNK);
+        const InvResult c_100 = inv_run<float>(m, sc[4].second, CHUNK);
+        std::printf("INFO gdn_chunk_f32 vs gdn_recurrent_f32, one step: %s\n", inv_fmt(inv_diff<float>(f32[0], c_one)).c_str());
+        std::printf("INFO gdn_chunk_f32 cut at 64 vs gdn_chunk_f32 one step: %s\n", inv_fmt(inv_diff<float>(c_one, c_64)).c_str());
+        std::printf("INFO gdn_chunk_f32 cut at 100 vs gdn_chunk_f32 one step: %s\n", inv_fmt(inv_diff<float>(c_one, c_100)).c_str());
+    }
+}
 }  // namespace
 
 int main() {
@@ -553,6 +756,9 @@ int main() {
         suite<128, float>(sh, lens, prefill, {64, 3, 100}, "D128 f32 entries", true, 1.0 / 64, 2e-3, 1e-4, 1e-5);
         suite<128, bf16>(sh, lens, prefill, {64, 3, 100}, "D128 bf16-state entries", true, 1.0 / 16, 2e-2, 1.0 / 64, 1e-2);
     }
+#if !GDN_TC  // the recurrent and conv kernels do not depend on GDN_TC: run once, in the pack's build
+    cut_invariance();
+#endif
     std::printf("gdn: %d passed, %d failed\n", passes, fails);
     return fails ? 1 : 0;
 }
