@@ -69,8 +69,9 @@ PREFIX_SHAPES=${PREFIX_SHAPES:-qwen3.5-small,qwen3-next-small}
 STEPS=${STEPS:-32}
 LENGTHS=${LENGTHS:-5,70,300}
 DEVICE=${DEVICE:-cuda}
-# PACK_ARGS: extra `kern pack` arguments for the parity and prefix sections (e.g.
-# PACK_ARGS="--router-logits f32": Qwen3-Next's router in fp32, docs/moe.md).
+# PACK_ARGS: extra `kern pack` arguments for every section's packs (e.g. PACK_ARGS="--router-logits
+# f32": Qwen3-Next's router in fp32, docs/moe.md; PACK_ARGS=--batch-invariant: bit-exact snapshot
+# hits, docs/batch-invariance.md).
 PACK_EXTRA=()
 for x in ${PACK_ARGS:-}; do PACK_EXTRA+=("--pack-arg=$x"); done
 BENCH_LAYERS=${BENCH_LAYERS:-4}
@@ -187,11 +188,11 @@ for s in "${SECS[@]}"; do
     bench)
       bb=$(( $(left) - 20 )); [[ $bb -lt 1 ]] && bb=1
       run_section bench python3 scripts/gpu/hybrid_bench.py bench --kern "$K" --kernels "$KD" --preset "$BENCH_PRESET" --layers "$BENCH_LAYERS" --work "$W/bench" \
-        --logs "$LOGS/bench-kern" --json "$RES/hybrid-bench.json" --budget "$bb" ;;
+        --logs "$LOGS/bench-kern" --json "$RES/hybrid-bench.json" --budget "$bb" "${PACK_EXTRA[@]}" ;;
     serve)
       bb=$(( $(left) - 20 )); [[ $bb -lt 1 ]] && bb=1
       run_section serve python3 scripts/gpu/hybrid_bench.py serve --kern "$K" --kernels "$KD" --tok "$TOK" --work "$W/serve" \
-        --logs "$LOGS/serve-kern" --json "$RES/hybrid-serve.json" --budget "$bb" ;;
+        --logs "$LOGS/serve-kern" --json "$RES/hybrid-serve.json" --budget "$bb" "${PACK_EXTRA[@]}" ;;
   esac
 done
 
