@@ -181,7 +181,9 @@ struct Runner {
         state.resize(seq_bytes * nslots);
         std::mt19937 rng(seed);
         for (auto& c : state) c = (unsigned char)(rng() | 0x41);  // garbage: must never be read at position 0
-        for (int i = 0; i < ns; ++i) slot_of.push_back((i * 3 + 1) % nslots);  // permuted, never 0 or ns+1 ... mostly
+        // Reversed (a permutation of 1..ns: distinct for any ns, never 0 or ns+1). It was
+        // (3i + 1) % (ns + 2), which gives two sequences one slot when 3 divides ns + 2 (ns = 4).
+        for (int i = 0; i < ns; ++i) slot_of.push_back(ns - i);
         y.resize(ns);
         o.resize(ns);
         nout.resize(ns);
