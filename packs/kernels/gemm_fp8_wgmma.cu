@@ -34,6 +34,7 @@
 //! the same M); any M, N (tails zero-filled / masked). Documentation: KERNELS.md, "FP8 weights".
 #include "gemm_common.cuh"
 #include "gemm_fp8_common.cuh"
+#include "wgmma_common.cuh"
 
 using namespace kgemm;
 
@@ -45,31 +46,12 @@ constexpr int SMEM = STAGES * STAGE_BYTES + 1024;  // + slack to align the base 
 constexpr int NACC = BN / 2;                       // fp32 accumulators per thread and accumulator set
 static_assert(SMEM == 197632, "KERNELS.md documents 197632 bytes");
 
-__device__ __forceinline__ uint32_t swz(int row, int chunk) {
-  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
-}
-
 #ifndef KERN_HOST_EMU
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
-  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// swz, sw128_desc, the wgmma fences and fence_acc: wgmma_common.cuh.
 __device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool valid) { cp_async_16(dst, src, valid); }
 __device__ __forceinline__ void cp_commit() { cp_async_commit(); }
 template <int N>
 __device__ __forceinline__ void cp_wait() { cp_async_wait<N>(); }
-template <int NR>
-__device__ __forceinline__ void fence_acc(float* d) {
-#pragma unroll
-  for (int i = 0; i < NR; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 // D (+)= A · B, m64n128k32, f32 += e4m3 · e4m3, A and B from 128-byte-swizzled K-major shared
 // tiles; scale_d = 0: D = A · B (a fresh accumulator).
 __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {

@@ -21,39 +21,13 @@
 //! Requires K % 8 == 0 and 16-byte aligned x, W; any M, N (tails are zero-filled / masked).
 #include "gemm_common.cuh"
 #include "gemm_wgmma_ops.cuh"
+#include "wgmma_common.cuh"
 
 using namespace kgemm;
 
 namespace {
 
 constexpr int BM = 128, BK = 64, THREADS = 256, GROUP_M = 16;
-
-__device__ __forceinline__ uint32_t swz(int row, int chunk) {
-  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
-}
-
-// Shared-memory matrix descriptor: K-major operand, 128-byte swizzle, 8-row groups 1024 bytes
-// apart (stride byte offset); the leading byte offset is unused for swizzled K-major layouts.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
-  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// Keeps the compiler from moving accumulator reads/writes across wgmma issue/wait points.
-template <int NR>
-__device__ __forceinline__ void fence_acc(float* d) {
-#pragma unroll
-  for (int i = 0; i < NR; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 __device__ __forceinline__ void tile_coords(int& tm, int& tn) {
   const int tiles_m = gridDim.x, tiles_n = gridDim.y;

@@ -14,7 +14,7 @@
 //!
 //! The wgmma operands come from shared memory in the exact layout gemm_wgmma.cu uses: K-major,
 //! 128-byte rows of 64 k, 16-byte chunk c of row r stored at chunk c ^ (r & 7), 8-row groups
-//! 1024 bytes apart, tile bases 1024-aligned, descriptor sw128_desc (copied), k16 step s at
+//! 1024 bytes apart, tile bases 1024-aligned, descriptor sw128_desc (wgmma_common.cuh), k16 step s at
 //! byte offset 32·s along the swizzled row. For K = 16 the tile is still 64 k wide; only k
 //! 0..15 are filled (the rest is zero and never read). The accumulator registers are loaded
 //! with C before the first wgmma (scale-d = 1 throughout), so D = C + Σ steps as in mma.sync.
@@ -24,53 +24,17 @@
 //! Parameters are pointers and one int (T); entries do nothing for blockIdx.x >= T.
 #include <stdint.h>
 
-namespace {
+#include "../gemm_common.cuh"   // smem_u32, mma_16816 (the GEMV family's mma.sync)
+#include "../wgmma_common.cuh"  // swz, sw128_desc, wgmma fences (gemm_wgmma.cu's)
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using namespace kgemm;
+
+namespace {
 
 // Two bf16 (as raw 16-bit patterns) into one register: lower k in the low half.
 __device__ __forceinline__ uint32_t pack2(const uint16_t* p) {
   return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 16);
 }
-
-__device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// ---------------------------------------------------------------- copied from gemm_wgmma.cu
-__device__ __forceinline__ uint32_t swz(int row, int chunk) {
-  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
-}
-
-// Shared-memory matrix descriptor: K-major operand, 128-byte swizzle, 8-row groups 1024 bytes
-// apart (stride byte offset); the leading byte offset is unused for swizzled K-major layouts.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
-  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-template <int NR>
-__device__ __forceinline__ void fence_acc(float* d) {
-#pragma unroll
-  for (int i = 0; i < NR; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-// ---------------------------------------------------------------- end of the copy
 
 // m64n8k16, f32 += bf16 * bf16, A and B from shared-memory descriptors, both K-major,
 // scale-d = 1 (accumulate), scale-a = scale-b = 1 (the form of gemm_wgmma_ops.cuh).
@@ -107,7 +71,7 @@ __device__ __forceinline__ void probe_mma_sync(const uint16_t* __restrict__ A, c
     const uint32_t a0 = pack2(a + g * K + k0), a1 = pack2(a + (g + 8) * K + k0);
     const uint32_t a2 = pack2(a + g * K + k0 + 8), a3 = pack2(a + (g + 8) * K + k0 + 8);
     const uint32_t b0 = pack2(b + g * K + k0), b1 = pack2(b + g * K + k0 + 8);
-    mma_bf16_16816(acc, a0, a1, a2, a3, b0, b1);
+    mma_16816(acc, a0, a1, a2, a3, b0, b1);
   }
   d[g * 8 + 2 * q] = acc[0];
   d[g * 8 + 2 * q + 1] = acc[1];
