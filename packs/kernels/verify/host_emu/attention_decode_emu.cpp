@@ -503,30 +503,13 @@ static bool run_dd_row_invariance(const char* name, int Hq, int Hkv, int D, int 
     const int layers = 2, layer = 1, pt = 16, S = (int)lens.size();
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.f, 1.f);
-    const size_t row = (size_t)Hkv * D, page_elems = (size_t)pt * layers * 2 * row;
-    int max_pages = 0, total_pages = 0;
-    std::vector<std::vector<int>> pages(S);
-    for (int s = 0; s < S; ++s) {
-        const int np = cdiv(lens[s], pt);
-        max_pages = std::max(max_pages, np);
-        for (int j = 0; j < np; ++j) pages[s].push_back(total_pages++);
-    }
-    std::vector<int> perm(total_pages);
-    for (int i = 0; i < total_pages; ++i) perm[i] = i;
-    std::shuffle(perm.begin(), perm.end(), rng);
-    for (auto& ps : pages)
-        for (int& p : ps) p = perm[p];
-    std::vector<uint16_t> pool((size_t)total_pages * page_elems, BF_NAN);
-    const int q_stride = (Hq + 2 * Hkv) * D;
-    std::vector<std::vector<uint16_t>> Q(S);  // [pos][Hq·D]
-    for (int s = 0; s < S; ++s) {
-        Q[s].resize((size_t)lens[s] * Hq * D);
-        for (auto& x : Q[s]) x = bf(nd(rng));
-        for (int p = 0; p < lens[s]; ++p)
-            for (int kv = 0; kv < 2; ++kv)
-                for (size_t e = 0; e < row; ++e)
-                    pool[pages[s][p / pt] * page_elems + ((size_t)(layer * 2 + kv) * pt + p % pt) * row + e] = bf(nd(rng));
-    }
+    InvariancePool ip(rng, nd, lens, Hq, Hkv, D, layers, layer, pt);
+    const size_t row = ip.row, page_elems = ip.page_elems;
+    const int max_pages = ip.max_pages, total_pages = ip.total_pages, q_stride = ip.q_stride;
+    auto& pages = ip.pages;
+    auto& pool = ip.pool;
+    auto& Q = ip.Q;  // [pos][Hq·D]
+    (void)total_pages;
     const float scale = 1.0f / std::sqrt((float)D);
     std::vector<std::vector<std::vector<uint16_t>>> first(S);  // (seq, pos) -> bits of its first result
     for (int s = 0; s < S; ++s) first[s].resize(lens[s]);

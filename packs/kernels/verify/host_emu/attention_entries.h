@@ -33,3 +33,42 @@ inline void emu_attention(int D, kern::bf16* out, const kern::bf16* q, const ker
                           scale, window);
     });
 }
+
+// The paged KV pool and the queries of the per-row invariance checks (attention_prefill_emu.cpp,
+// attention_decode_emu.cpp): each sequence's pages numbered in order, then shuffled; K and V of
+// `layer` (of `layers`) filled for every position, everything else NaN; Q [pos][Hq·D]. Draws from
+// `rng` in a fixed order (the shuffle, then per sequence its Q and its K/V).
+#include <algorithm>
+#include <random>
+#include <vector>
+struct InvariancePool {
+    size_t row, page_elems;
+    int max_pages = 0, total_pages = 0, q_stride;
+    std::vector<std::vector<int>> pages;
+    std::vector<uint16_t> pool;
+    std::vector<std::vector<uint16_t>> Q;
+    InvariancePool(std::mt19937& rng, std::normal_distribution<float>& nd, const std::vector<int>& lens, int Hq, int Hkv, int D,
+                   int layers, int layer, int pt)
+        : row((size_t)Hkv * D), page_elems((size_t)pt * layers * 2 * row), q_stride((Hq + 2 * Hkv) * D), pages(lens.size()), Q(lens.size()) {
+        const int S = (int)lens.size();
+        for (int s = 0; s < S; ++s) {
+            const int np = (lens[s] + pt - 1) / pt;
+            max_pages = std::max(max_pages, np);
+            for (int j = 0; j < np; ++j) pages[s].push_back(total_pages++);
+        }
+        std::vector<int> perm(total_pages);
+        for (int i = 0; i < total_pages; ++i) perm[i] = i;
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (auto& ps : pages)
+            for (int& p : ps) p = perm[p];
+        pool.assign((size_t)total_pages * page_elems, 0x7fc0);  // bf16 NaN
+        for (int s = 0; s < S; ++s) {
+            Q[s].resize((size_t)lens[s] * Hq * D);
+            for (auto& x : Q[s]) x = __float2bfloat16_rn(nd(rng)).x;
+            for (int p = 0; p < lens[s]; ++p)
+                for (int kv = 0; kv < 2; ++kv)
+                    for (size_t e = 0; e < row; ++e)
+                        pool[pages[s][p / pt] * page_elems + ((size_t)(layer * 2 + kv) * pt + p % pt) * row + e] = __float2bfloat16_rn(nd(rng)).x;
+        }
+    }
+};
