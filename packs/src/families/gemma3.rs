@@ -158,22 +158,10 @@ fn whole(x: f64) -> Value {
 
 pub fn to_hf_json(c: &Config) -> Value {
     let pattern_matches = c.layer_types == pattern_layers(c.num_hidden_layers, 6);
-    let mut v = json!({
-        "architectures": ["Gemma3ForCausalLM"],
-        "model_type": "gemma3_text",
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.kv_heads(),
+    let mut v = super::hf_json(c, "Gemma3ForCausalLM", "gemma3_text", 32768, json!({
         "head_dim": c.head_dim(),
-        "vocab_size": c.vocab_size,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
         "rope_local_base_freq": c.rope_local_theta.unwrap_or(10000.0),
         "rope_scaling": c.rope_scaling.to_json(),
-        "tie_word_embeddings": c.tie_word_embeddings,
-        "max_position_embeddings": c.max_position_embeddings.unwrap_or(32768),
         // An integer where it is one: transformers 5's strict config refuses 256.0 here.
         "query_pre_attn_scalar": whole(c.query_pre_attn_scalar.unwrap_or(c.head_dim() as f64)),
         "sliding_window": c.sliding_window,
@@ -188,7 +176,7 @@ pub fn to_hf_json(c: &Config) -> Value {
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
         "use_cache": true,
-    });
+    }));
     if pattern_matches {
         v["sliding_window_pattern"] = 6.into();
     }

@@ -103,21 +103,10 @@ pub(crate) fn layer_types_json(c: &Config) -> Value {
 
 pub fn to_hf_json(c: &Config) -> Value {
     let mistral = c.model_type == "mistral";
-    let mut v = json!({
-        "architectures": [if mistral { "MistralForCausalLM" } else { "LlamaForCausalLM" }],
-        "model_type": if mistral { "mistral" } else { "llama" },
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.kv_heads(),
+    let (arch, model_type) = if mistral { ("MistralForCausalLM", "mistral") } else { ("LlamaForCausalLM", "llama") };
+    let mut v = super::hf_json(c, arch, model_type, 8192, json!({
         "head_dim": c.head_dim(),
-        "vocab_size": c.vocab_size,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
         "rope_scaling": c.rope_scaling.to_json(),
-        "tie_word_embeddings": c.tie_word_embeddings,
-        "max_position_embeddings": c.max_position_embeddings.unwrap_or(8192),
         "attention_bias": c.qkv_bias(),
         "mlp_bias": c.mlp_bias,
         "hidden_act": "silu",
@@ -127,7 +116,7 @@ pub fn to_hf_json(c: &Config) -> Value {
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
         "use_cache": true,
-    });
+    }));
     if mistral {
         v["sliding_window"] = c.sliding_window.into();
         if c.layer_types.contains(&LayerType::Full) {

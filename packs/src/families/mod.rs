@@ -198,6 +198,32 @@ pub fn to_hf_json(cfg: &Config) -> Value {
     (def(cfg.family).to_hf_json)(cfg)
 }
 
+// ---------------------------------------------------------------------- shared writer
+
+/// `cfg` as a `config.json`: the fields every family writes alike — architecture, model type,
+/// sizes, heads, vocabulary, norm epsilon, RoPE base, tied embeddings and the context
+/// (`max_positions` when `cfg` has none) — then the family's own `extra` fields, in that order.
+pub(crate) fn hf_json(cfg: &Config, arch: &str, model_type: &str, max_positions: u64, extra: Value) -> Value {
+    let mut v = serde_json::json!({
+        "architectures": [arch],
+        "model_type": model_type,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.kv_heads(),
+        "vocab_size": cfg.vocab_size,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "max_position_embeddings": cfg.max_position_embeddings.unwrap_or(max_positions),
+    });
+    if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
+        o.extend(e);
+    }
+    v
+}
+
 // ---------------------------------------------------------------------- shared readers
 
 /// Typed reads of a Hugging Face config's fields; errors name the field.

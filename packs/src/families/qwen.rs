@@ -86,19 +86,7 @@ pub fn gguf_name(hf: &str) -> Option<String> {
 
 pub fn to_hf_json(c: &Config) -> Value {
     let arch = if c.model_type == "qwen3" { "Qwen3ForCausalLM" } else { "Qwen2ForCausalLM" };
-    let mut v = json!({
-        "architectures": [arch],
-        "model_type": c.model_type,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.kv_heads(),
-        "vocab_size": c.vocab_size,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
-        "tie_word_embeddings": c.tie_word_embeddings,
-        "max_position_embeddings": c.max_position_embeddings.unwrap_or(40960),
+    let mut v = super::hf_json(c, arch, &c.model_type, 40960, json!({
         "hidden_act": "silu",
         "torch_dtype": "bfloat16",
         "bos_token_id": 151643,
@@ -108,7 +96,7 @@ pub fn to_hf_json(c: &Config) -> Value {
         "use_cache": true,
         "use_sliding_window": false,
         "rope_scaling": c.rope_scaling.to_json(),
-    });
+    }));
     if c.model_type == "qwen3" {
         v["head_dim"] = c.head_dim().into();
         v["attention_bias"] = false.into();

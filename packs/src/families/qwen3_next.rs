@@ -138,21 +138,9 @@ pub(crate) fn hybrid_json(c: &Config, arch: &str, model_type: &str) -> Value {
     let types: Vec<&str> = c.layer_types.iter().map(|t| if *t == LayerType::Linear { "linear_attention" } else { "full_attention" }).collect();
     // full_attention_interval when the layers follow the rule (older readers compute them from it).
     let interval = (1..=c.num_hidden_layers).find(|&k| c.layer_types.iter().enumerate().all(|(i, t)| (*t == LayerType::Full) == (i as u64 + 1).is_multiple_of(k)));
-    let mut v = json!({
-        "architectures": [arch],
-        "model_type": model_type,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.kv_heads(),
+    let mut v = super::hf_json(c, arch, model_type, 32768, json!({
         "head_dim": c.head_dim(),
-        "vocab_size": c.vocab_size,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
         "partial_rotary_factor": h.partial_rotary_factor,
-        "tie_word_embeddings": c.tie_word_embeddings,
-        "max_position_embeddings": c.max_position_embeddings.unwrap_or(32768),
         "hidden_act": "silu",
         "torch_dtype": "bfloat16",
         "attention_bias": false,
@@ -167,7 +155,7 @@ pub(crate) fn hybrid_json(c: &Config, arch: &str, model_type: &str) -> Value {
         "layer_types": types,
         "bos_token_id": 151643,
         "eos_token_id": 151645,
-    });
+    }));
     if let Some(k) = interval {
         v["full_attention_interval"] = k.into();
     }
