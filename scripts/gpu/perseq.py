@@ -10,14 +10,11 @@ sequences, not reset for a new one, or lost between chunks gives other tokens.
 """
 import argparse, json, os, random, subprocess, sys, tempfile
 
+from perseq_rule import rule
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--kern", default=".carry/kern")
 a = ap.parse_args()
-
-
-def rule(ctx):
-    acc = sum(ctx) % 2**32
-    return ((acc * 2654435761 + len(ctx) * 40503) % 2**32) % 1000
 
 
 rng = random.Random(3)

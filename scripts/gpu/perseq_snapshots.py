@@ -12,14 +12,11 @@ not restored gives other tokens; the run with the cache must also report cached 
 """
 import argparse, json, os, random, re, shutil, subprocess, sys, tempfile
 
+from perseq_rule import rule
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--kern", default=".carry/kern")
 a = ap.parse_args()
-
-
-def rule(ctx):
-    acc = sum(ctx) % 2**32
-    return ((acc * 2654435761 + len(ctx) * 40503) % 2**32) % 1000
 
 
 model = tempfile.mkdtemp()

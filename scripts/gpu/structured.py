@@ -23,6 +23,7 @@ from typing import List, Literal, Optional
 
 import openai
 from pydantic import BaseModel, Field
+from tool_conversation import TOOLS, first_turn
 
 base, out_path = sys.argv[1], sys.argv[2]
 client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=600)
@@ -53,16 +54,8 @@ def metric(name):
 
 # ---------------------------------------------------------------------------- 1. tool loop
 print("== a tool-using conversation", flush=True)
-tools = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city, e.g. Paris"},
-                                                         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-                       "required": ["city"]}}},
-    {"type": "function", "function": {"name": "get_time", "description": "Get the current local time in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-]
-messages = [{"role": "system", "content": "You are a helpful assistant. Use the tools when they help."},
-            {"role": "user", "content": "What's the weather like in Paris right now?"}]
+tools = TOOLS
+messages = first_turn()
 r = client.chat.completions.create(model=model, messages=messages, tools=tools, max_tokens=200, temperature=0)
 c = r.choices[0]
 forced = False

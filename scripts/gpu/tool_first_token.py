@@ -14,18 +14,11 @@ import urllib.request
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from tool_conversation import TOOLS, first_turn
 
 base, gguf = sys.argv[1], sys.argv[2]
-tools = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city, e.g. Paris"},
-                                                         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-                       "required": ["city"]}}},
-    {"type": "function", "function": {"name": "get_time", "description": "Get the current local time in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-]
-messages = [{"role": "system", "content": "You are a helpful assistant. Use the tools when they help."},
-            {"role": "user", "content": "What's the weather like in Paris right now?"}]
+tools = TOOLS
+messages = first_turn()
 
 
 def post(path, body):
