@@ -17,6 +17,7 @@
 //
 //   bash packs/kernels/verify/host_emu/run.sh   (entry `gated`; ~5 s)
 #include "emu_math.h"
+#include "head_io_ref.h"
 #include "../../rope.cu"
 #include "../../gated.cu"
 
@@ -42,19 +43,8 @@ void report(bool ok, const std::string& what) {
 
 // The per-head sum of squares in the kernel's order: each lane its E elements, then the butterfly.
 float head_rsqrt(const std::vector<float>& x) {
-    const int D = (int)x.size(), E = D / 32;
-    float lane[32];
-    for (int l = 0; l < 32; ++l) {
-        float ss = 0.f;
-        for (int j = 0; j < E; ++j) ss += x[l * E + j] * x[l * E + j];
-        lane[l] = ss;
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        float nx[32];
-        for (int l = 0; l < 32; ++l) nx[l] = lane[l] + lane[l ^ o];
-        std::memcpy(lane, nx, sizeof lane);
-    }
-    return rsqrtf(lane[0] * (1.0f / (float)D) + EPS);
+    const int D = (int)x.size();
+    return rsqrtf(head_sum_squares(x.data(), D) * (1.0f / (float)D) + EPS);
 }
 
 // transformers: Qwen3NextRMSNorm (fp32, (1 + w), rounded once), then apply_rotary_pos_emb with

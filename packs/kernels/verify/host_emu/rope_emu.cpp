@@ -17,6 +17,7 @@
 //
 //   bash packs/kernels/verify/host_emu/run.sh
 #include "emu_math.h"
+#include "head_io_ref.h"
 #include "../../rope.cu"
 
 #include <algorithm>
@@ -114,23 +115,13 @@ std::vector<float> computed_inv_freq(int D, float theta) {
 // sin: bf16(bf16(x * cos) + bf16(rot * sin)).
 std::vector<float> ref_head(std::vector<float> x, const float* b, const uint16_t* w, bool rotate, int flags,
                             const std::vector<float>& inv, float pos, float cos_scale, float off) {
-    const int D = (int)x.size(), half = D / 2, E = D / 32;
+    const int D = (int)x.size(), half = D / 2;
     if (flags & 2)
         for (int d = 0; d < D; ++d) x[d] = rbf(x[d] + b[d]);
     if (!rotate) return x;  // v: bias only
     if (flags & 1) {
-        float lane[32];
-        for (int l = 0; l < 32; ++l) {  // the kernel's order: each lane its E elements, then the butterfly
-            float ss = 0.f;
-            for (int j = 0; j < E; ++j) ss += x[l * E + j] * x[l * E + j];
-            lane[l] = ss;
-        }
-        for (int o = 16; o > 0; o >>= 1) {
-            float nx[32];
-            for (int l = 0; l < 32; ++l) nx[l] = lane[l] + lane[l ^ o];
-            std::memcpy(lane, nx, sizeof lane);
-        }
-        const float r = rsqrtf(lane[0] * (1.0f / (float)D) + EPS);
+        // the kernel's order: each lane its E elements, then the butterfly (head_io_ref.h)
+        const float r = rsqrtf(head_sum_squares(x.data(), D) * (1.0f / (float)D) + EPS);
         for (int d = 0; d < D; ++d)
             x[d] = (flags & 4) ? rbf((x[d] * r) * (off + fb(w[d]))) : rbf(fb(w[d]) * rbf(x[d] * r));
     }
