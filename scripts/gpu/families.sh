@@ -46,17 +46,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 T0=$SECONDS
 SECTIONS=rope,parity-small,real,serve,parity-large,bench
 BUDGET=540
-MODE=run
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --sections) SECTIONS=$2; shift 2 ;;
-    --budget) BUDGET=$2; shift 2 ;;
-    --dry-run) MODE=dry; shift ;;
-    --selftest) MODE=selftest; shift ;;
-    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
-    *) echo "families.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
-  esac
-done
+SECTIONS_TAG=families
+SECTION_TAIL=6
+# sections_args, log, left, record, run_section
+source scripts/gpu/sections.sh
+sections_args "$@"
 K=${KERN:-.carry/kern}
 KD=${KERNELS:-build/packs}
 W=${WORK:-/tmp/kern-families}
@@ -75,9 +69,6 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PAR
 # models on their own before the budget ends)
 declare -A NEED=([rope]=20 [parity-small]=120 [real]=100 [serve]=90 [parity-large]=150 [bench]=200 [real-qwen]=90)
 declare -A EST=([rope]=20 [parity-small]=240 [real]=180 [serve]=150 [parity-large]=300 [bench]=240 [real-qwen]=90)
-
-log() { printf '[families %4ss] %s\n' "$((SECONDS - T0))" "$*"; }
-left() { echo $((BUDGET - (SECONDS - T0))); }
 
 selftest() {
   local rc=0 f
@@ -140,7 +131,6 @@ fi
 rm -rf "$RES" "$LOGS"
 mkdir -p "$RES" "$LOGS" "$OUTD" "$TOK_DIR"
 : >"$RES/sections.tsv"
-record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >>"$RES/sections.tsv"; }  # name state rc seconds why
 [[ -x $K ]] || { echo "families.sh: $K is not executable: run scripts/gpu/prepare-carry.sh where cargo is and carry .carry" >&2; exit 2; }
 [[ -d $KD ]] || { echo "families.sh: $KD missing: bash packs/kernels/build.sh and carry build/packs" >&2; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader 2>&1 | head -n 2
@@ -159,30 +149,6 @@ done
 staged=""
 if bash scripts/gpu/stage.sh assemble families >"$LOGS/stage.log" 2>&1; then staged=families; fi
 log "GGUFs: $([[ -n $staged ]] && echo "assembled in $GGUF_DIR" || echo "not staged ($(tail -n 1 "$LOGS/stage.log"))")"
-
-# run_section NAME CMD...: runs when the budget has NEED[NAME] seconds left, under `timeout` of
-# what is left; its output goes to $LOGS/NAME.log (and the terminal, the last lines).
-run_section() {
-  local name=$1 l t rc
-  shift
-  l=$(left)
-  if [[ $l -lt ${NEED[$name]} ]]; then
-    record "$name" skipped "" 0 "budget: ${l} s left, needs ~${EST[$name]} s (run it in another call: --sections $name)"
-    log "$name: NOT RUN (${l} s left)"
-    return
-  fi
-  log "$name: start (${l} s left, ~${EST[$name]} s)"
-  t=$SECONDS
-  if declare -F "$1" >/dev/null; then
-    "$@" >"$LOGS/$name.log" 2>&1  # a function here: it bounds its own commands
-  else
-    timeout --signal=TERM --kill-after=20 "$l" "$@" >"$LOGS/$name.log" 2>&1
-  fi
-  rc=$?
-  record "$name" ran "$rc" $((SECONDS - t)) "$([[ $rc == 124 ]] && echo "stopped at the budget")"
-  log "$name: exit $rc after $((SECONDS - t)) s; last lines:"
-  grep -v -E "it/s\]|s/it\]" "$LOGS/$name.log" | tail -n 6 | sed 's/^/    /'
-}
 
 real_models() {  # MODEL...: one real_model.py per model, each only with time for it
   local m ok=0 l
@@ -231,7 +197,7 @@ import json, sys
 out = {}
 for line in open(sys.argv[1]):
     name, state, rc, secs, why = (line.rstrip("\n").split("\t") + [""] * 5)[:5]
-    out[name] = {"state": state, "rc": int(rc) if rc else None, "seconds": int(secs or 0), "why": why}
+    out[name] = {"state": state, "rc": int(rc) if rc not in ("", "-") else None, "seconds": int(secs or 0), "why": why}
 json.dump(out, open(sys.argv[2], "w"), indent=1)
 PY
 tar -czf "$OUTD/families-logs.tgz" -C "$W" results logs 2>/dev/null

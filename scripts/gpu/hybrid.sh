@@ -47,17 +47,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 T0=$SECONDS
 SECTIONS=emu,parity,prefix
 BUDGET=540
-MODE=run
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --sections) SECTIONS=$2; shift 2 ;;
-    --budget) BUDGET=$2; shift 2 ;;
-    --dry-run) MODE=dry; shift ;;
-    --selftest) MODE=selftest; shift ;;
-    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
-    *) echo "hybrid.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
-  esac
-done
+SECTIONS_TAG=hybrid
+# sections_args, log, left, record, run_section
+source scripts/gpu/sections.sh
+sections_args "$@"
 K=${KERN:-.carry/kern}
 KD=${KERNELS:-build/packs}
 W=${WORK:-/tmp/kern-hybrid}
@@ -80,9 +73,6 @@ TOK=${TOK:-.carry/tok}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 declare -A NEED=([emu]=40 [parity]=120 [prefix]=60 [parity-bf16]=90 [bench]=150 [serve]=60)
 declare -A EST=([emu]=40 [parity]=240 [prefix]=90 [parity-bf16]=120 [bench]=240 [serve]=120)
-
-log() { printf '[hybrid %4ss] %s\n' "$((SECONDS - T0))" "$*"; }
-left() { echo $((BUDGET - (SECONDS - T0))); }
 
 if [[ $MODE == selftest ]]; then
   rc=0
@@ -131,31 +121,12 @@ fi
 rm -rf "$RES" "$LOGS"
 mkdir -p "$RES" "$LOGS" "$OUTD"
 : >"$RES/sections.tsv"
-record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >>"$RES/sections.tsv"; }
 [[ -x $K ]] || { echo "hybrid.sh: $K is not executable: run scripts/gpu/prepare-carry.sh where cargo is and carry .carry/kern" >&2; exit 2; }
 for f in gdn gated; do
   [[ -f $KD/$f.sm_90a.cubin && -f $KD/$f.pdl.sm_90a.cubin ]] || { echo "hybrid.sh: $KD/$f(.pdl).sm_90a.cubin missing: bash packs/kernels/build.sh and carry build/packs" >&2; exit 2; }
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader 2>&1 | head -n 2
 python3 -c "import torch, transformers; print('python', __import__('sys').version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -n 1
-
-run_section() {
-  local name=$1 l t rc
-  shift
-  l=$(left)
-  if [[ $l -lt ${NEED[$name]} ]]; then
-    record "$name" skipped - 0 "budget: ${l} s left, needs ~${EST[$name]} s (run it in another call: --sections $name)"
-    log "$name: NOT RUN (${l} s left)"
-    return
-  fi
-  log "$name: start (${l} s left, ~${EST[$name]} s)"
-  t=$SECONDS
-  timeout --signal=TERM --kill-after=20 "$l" "$@" >"$LOGS/$name.log" 2>&1
-  rc=$?
-  record "$name" ran "$rc" $((SECONDS - t)) "$([[ $rc == 124 ]] && echo "stopped at the budget")"
-  log "$name: exit $rc after $((SECONDS - t)) s; last lines:"
-  grep -v -E "it/s\]|s/it\]" "$LOGS/$name.log" | tail -n 8 | sed 's/^/    /'
-}
 
 emu() {
   set -o pipefail
