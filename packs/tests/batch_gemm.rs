@@ -23,7 +23,7 @@ fn running(m: &Manifest, op: &str, var: &str, rows: i64) -> (String, i64) {
     let live: Vec<_> = m.ops[m.op(op).unwrap().0]
         .launches
         .iter()
-        .filter(|l| l.grid.iter().all(|g| g.eval(&v).unwrap() > 0))
+        .filter(|l| l.runs(&v).unwrap())
         .map(|l| (l.entry.clone(), l.grid[0].eval(&v).unwrap()))
         .collect();
     assert_eq!(live.len(), 1, "{op} at {rows} rows: {live:?}");
@@ -122,7 +122,7 @@ fn batch_invariant_packs_run_one_arithmetic_at_every_step_size() {
     for (tokens, seqs) in [(1, 1), (8, 8), (64, 64), (256, 1), (200, 17)] {
         v[m.var("tokens").unwrap().0] = tokens;
         v[m.var("seqs").unwrap().0] = seqs;
-        let live = att.launches.iter().filter(|l| l.grid.iter().all(|g| g.eval(&v).unwrap() > 0)).count();
+        let live = att.launches.iter().filter(|l| l.runs(&v).unwrap()).count();
         assert_eq!(live, 1, "attention at tokens {tokens} seqs {seqs}");
     }
     // Gemma 3's head_dim 256 (no tensor-core prefill kernel for it): attention_dD at every step.
@@ -141,7 +141,7 @@ fn one_attention_launch(m: &kern_manifest::Manifest, entry: &str) {
     for (tokens, seqs) in [(1, 1), (8, 8), (16, 16), (256, 1), (200, 17)] {
         v[m.var("tokens").unwrap().0] = tokens;
         v[m.var("seqs").unwrap().0] = seqs;
-        let live = att.launches.iter().filter(|l| l.grid.iter().all(|g| g.eval(&v).unwrap() > 0)).count();
+        let live = att.launches.iter().filter(|l| l.runs(&v).unwrap()).count();
         assert_eq!(live, 1, "{entry} at tokens {tokens} seqs {seqs}");
     }
 }

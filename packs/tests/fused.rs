@@ -24,7 +24,7 @@ fn live(m: &Manifest, program: &str, tokens: i64, seqs: i64) -> Vec<String> {
     p.calls
         .iter()
         .flat_map(|c| &m.ops[c.op.0].launches)
-        .filter(|l| l.grid.iter().all(|g| g.eval(&v).unwrap() > 0))
+        .filter(|l| l.runs(&v).unwrap())
         .map(|l| l.entry.clone())
         .collect()
 }

@@ -46,7 +46,7 @@ fn presets_generate_manifests_that_pass_kern_check() {
             for tokens in [1i64, 7, 8, 9, 16, 17, 32, 33, 64, 65, 300, 512] {
                 let mut vars = m.vars_at_max();
                 vars[m.var("tokens").unwrap().0] = tokens;
-                let live: Vec<&str> = op.launches.iter().filter(|l| l.grid.iter().all(|g| g.eval(&vars).unwrap() > 0)).map(|l| m.modules[l.module.0].name.as_str()).collect();
+                let live: Vec<&str> = op.launches.iter().filter(|l| l.runs(&vars).unwrap()).map(|l| m.modules[l.module.0].name.as_str()).collect();
                 let gemm = live.iter().filter(|m| m.starts_with("gemm_")).count();
                 let rowwise = live.iter().filter(|m| **m == "rowwise").count();
                 assert_eq!(gemm, gemms, "{name} {op_name}: tokens={tokens}: {live:?}");
@@ -58,7 +58,7 @@ fn presets_generate_manifests_that_pass_kern_check() {
             for tokens in [1i64, 7, 8, 9, 16, 17, 32, 33, 64, 65, 300, 512] {
                 let mut vars = m.vars_at_max();
                 vars[m.var("tokens").unwrap().0] = tokens;
-                let live = op.launches.iter().filter(|l| l.grid.iter().all(|g| g.eval(&vars).unwrap() > 0)).count();
+                let live = op.launches.iter().filter(|l| l.runs(&vars).unwrap()).count();
                 assert_eq!(live, 1, "{name}: tokens={tokens}");
             }
         }

@@ -31,7 +31,7 @@ fn live(m: &Manifest, op: &str, tokens: i64, seqs: i64) -> Vec<String> {
     vars[m.var("tokens").unwrap().0] = tokens;
     vars[m.var("seqs").unwrap().0] = seqs;
     let op = &m.ops[m.op(op).unwrap_or_else(|| panic!("no op {op}")).0];
-    op.launches.iter().filter(|l| l.grid.iter().all(|g| g.eval(&vars).unwrap() > 0)).map(|l| l.entry.clone()).collect()
+    op.launches.iter().filter(|l| l.runs(&vars).unwrap()).map(|l| l.entry.clone()).collect()
 }
 
 fn int_arg(m: &Manifest, label: &str, i: usize) -> i64 {

@@ -25,7 +25,7 @@ fn live(m: &Manifest, op: &str, tokens: i64) -> Vec<String> {
     let mut vars = m.vars_at_max();
     vars[m.var("tokens").unwrap().0] = tokens;
     let op = &m.ops[m.op(op).unwrap_or_else(|| panic!("no op {op}")).0];
-    op.launches.iter().filter(|l| l.grid.iter().all(|g| g.eval(&vars).unwrap() > 0)).map(|l| l.entry.clone()).collect()
+    op.launches.iter().filter(|l| l.runs(&vars).unwrap()).map(|l| l.entry.clone()).collect()
 }
 
 #[test]

@@ -61,7 +61,7 @@ fn pdl_small_steps_marks_every_launch_of_small_steps_only() {
             let mut v = m.vars_at_max();
             v[m.var("tokens").unwrap().0] = tokens;
             v[m.var("seqs").unwrap().0] = seqs;
-            m.programs[0].calls.iter().flat_map(|c| &m.ops[c.op.0].launches).filter(|l| l.grid.iter().all(|g| g.eval(&v).unwrap() > 0)).map(|l| (l.entry.clone(), l.pdl)).collect()
+            m.programs[0].calls.iter().flat_map(|c| &m.ops[c.op.0].launches).filter(|l| l.runs(&v).unwrap()).map(|l| (l.entry.clone(), l.pdl)).collect()
         };
         for (tokens, seqs) in [(1, 1), (3, 2), (8, 8), (8, 1), (9, 9), (17, 3), (64, 64), (256, 1)] {
             if tokens > max_tokens as i64 || seqs > (64.min(max_tokens)) as i64 {

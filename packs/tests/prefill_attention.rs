@@ -22,7 +22,7 @@ fn vars(m: &Manifest, tokens: i64, seqs: i64) -> Vec<i64> {
 /// The entries of `op` whose grid is positive at (tokens, seqs): the ones that run.
 fn live(m: &Manifest, op: &str, tokens: i64, seqs: i64) -> Vec<String> {
     let v = vars(m, tokens, seqs);
-    m.ops[m.op(op).unwrap().0].launches.iter().filter(|l| l.grid.iter().all(|g| g.eval(&v).unwrap() > 0)).map(|l| l.entry.clone()).collect()
+    m.ops[m.op(op).unwrap().0].launches.iter().filter(|l| l.runs(&v).unwrap()).map(|l| l.entry.clone()).collect()
 }
 
 fn tc_opts(max_tokens: u64, max_seqs: u64, decode_attention: DecodeAttention) -> PackOptions {

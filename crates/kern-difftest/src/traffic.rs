@@ -52,19 +52,22 @@ fn live_params(op: &kern_manifest::manifest::Op, vars: &[i64]) -> Vec<bool> {
     }
     let mut live = vec![false; op.params.len()];
     for l in &op.launches {
-        if l.grid.iter().any(|g| g.eval(vars).is_ok_and(|v| v <= 0)) {
+        if !l.runs(vars).unwrap_or(true) {
             continue;
         }
+        let mut mark = |i: usize| {
+            if let Some(x) = live.get_mut(i) {
+                *x = true;
+            }
+        };
         for a in &l.args {
             match a {
-                LaunchArg::Param(i) => live.get_mut(*i).map(|x| *x = true).unwrap_or(()),
-                LaunchArg::Struct(fields) => {
-                    for f in fields {
-                        if let FieldValue::Param(i) = f.value {
-                            live.get_mut(i).map(|x| *x = true).unwrap_or(());
-                        }
+                LaunchArg::Param(i) => mark(*i),
+                LaunchArg::Struct(fields) => fields.iter().for_each(|f| {
+                    if let FieldValue::Param(i) = f.value {
+                        mark(i)
                     }
-                }
+                }),
                 LaunchArg::Const(_) | LaunchArg::Null => {}
             }
         }

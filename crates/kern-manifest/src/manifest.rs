@@ -292,6 +292,17 @@ impl Launch {
     pub fn kernel_in<'m>(&self, m: &'m Manifest) -> &'m Kernel {
         &m.modules[self.module.0].image().kernels[self.kernel]
     }
+
+    /// Whether the launch runs at `vars`: a grid dimension of 0 or less skips it
+    /// (docs/manifest.md; the executor's rule), checked in x, y, z order.
+    pub fn runs(&self, vars: &[i64]) -> Result<bool, crate::expr::EvalError> {
+        for g in &self.grid {
+            if g.eval(vars)? <= 0 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
 }
 
 /// One kernel parameter and where it goes in the parameter buffer.
