@@ -111,6 +111,9 @@ pub fn validate(cfg: &Config) -> Result<(), String> {
 /// The pack options an MoE manifest cannot take yet, every reason.
 pub fn check(cfg: &Config, opts: &PackOptions) -> Result<(), String> {
     if cfg.moe.is_none() {
+        if opts.router_logits != RouterLogits::Bf16 {
+            return Err(format!("--router-logits {}: {} has no mixture-of-experts router (the option is for qwen3_moe and qwen3_next); leave it out", opts.router_logits, cfg.model_type));
+        }
         return Ok(());
     }
     let mut why = vec![];

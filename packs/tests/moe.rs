@@ -281,4 +281,8 @@ fn router_logits_f32_is_an_fp32_router_gemm_and_top_k() {
             }
         }
     }
+    // A dense model has no router: the option is refused by name, not ignored.
+    let opts = PackOptions { kernels: kernels(), router_logits: kern_packs::moe::RouterLogits::F32, ..Default::default() };
+    let e = generate(&preset("qwen3-0.6b").unwrap(), &opts, &dir.path().join("dense")).unwrap_err().to_string();
+    assert!(e.contains("--router-logits f32") && e.contains("no mixture-of-experts router"), "{e}");
 }
