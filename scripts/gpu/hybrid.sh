@@ -67,6 +67,10 @@ DEVICE=${DEVICE:-cuda}
 # hits, docs/batch-invariance.md).
 PACK_EXTRA=()
 for x in ${PACK_ARGS:-}; do PACK_EXTRA+=("--pack-arg=$x"); done
+# PARITY_ARGS: extra scripts/gpu/parity.py arguments of the parity section, e.g.
+# PARITY_ARGS=--forced-routing with PACK_ARGS=--batch-invariant: both references also routed to
+# kern's own experts (docs/moe.md, "Parity given kern's routing").
+read -r -a PARITY_EXTRA <<<"${PARITY_ARGS:-}"
 BENCH_LAYERS=${BENCH_LAYERS:-4}
 BENCH_PRESET=${BENCH_PRESET:-qwen3-next-80b-a3b}
 TOK=${TOK:-.carry/tok}
@@ -148,7 +152,7 @@ for s in "${SECS[@]}"; do
     parity)
       run_section parity env OUT="$RES" PARITY_JSON="$RES/hybrid-parity.json" PARITY_TXT="$RES/hybrid-parity.txt" PARITY_LOGS="$LOGS/parity-kern" \
         python3 scripts/gpu/hybrid.py parity --kern "$K" --kernels "$KD" --shapes "$SHAPES" --lengths "$LENGTHS" --steps "$STEPS" \
-        --work "$W/parity" --budget "$pb" --device "$DEVICE" "${PACK_EXTRA[@]}" ;;
+        --work "$W/parity" --budget "$pb" --device "$DEVICE" "${PACK_EXTRA[@]}" "${PARITY_EXTRA[@]}" ;;
     parity-bf16)
       run_section parity-bf16 env OUT="$RES" PARITY_JSON="$RES/hybrid-parity-bf16.json" PARITY_TXT="$RES/hybrid-parity-bf16.txt" PARITY_LOGS="$LOGS/parity-bf16-kern" \
         python3 scripts/gpu/hybrid.py parity --kern "$K" --kernels "$KD" --shapes qwen3.5-small,qwen3-next-small --lengths "$LENGTHS" --steps "$STEPS" \

@@ -59,13 +59,17 @@ log "GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | hea
 # PACK_ARGS="--router-logits f32", docs/moe.md).
 PACK_EXTRA=()
 for x in ${PACK_ARGS:-}; do PACK_EXTRA+=("--pack-arg=$x"); done
+# PARITY_ARGS: extra scripts/gpu/parity.py arguments of the parity section, e.g.
+# PARITY_ARGS=--forced-routing with PACK_ARGS=--batch-invariant: both references also routed to
+# kern's own experts (docs/moe.md, "Parity given kern's routing").
+read -r -a PARITY_EXTRA <<<"${PARITY_ARGS:-}"
 
 # ---------------------------------------------------------------- parity
 if has parity; then
   log "parity: $PARITY_SHAPES"
   if OUT="$R" PARITY_JSON="$R/parity.json" PARITY_TXT="$R/parity.txt" PARITY_LOGS="$R/logs/parity" \
       python3 scripts/gpu/moe_check.py parity --kern "$K" --kernels "$KD" --shapes "$PARITY_SHAPES" --steps "${PARITY_STEPS:-32}" \
-      --work "$W/parity" "${PACK_EXTRA[@]}" >"$R/logs/parity.out" 2>&1; then
+      --work "$W/parity" "${PACK_EXTRA[@]}" "${PARITY_EXTRA[@]}" >"$R/logs/parity.out" 2>&1; then
     note parity "$PARITY_SHAPES" "PASS (table: $R/parity.txt)"
   else
     status=1

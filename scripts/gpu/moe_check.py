@@ -139,43 +139,6 @@ def hf_routing(model, ids, device, norm, k):
     return out
 
 
-def step_inputs(model_json, out, ids):
-    """One sequence, a prefill of `ids` on pages 0.. in order, as .npy files for `kern run`."""
-    import numpy as np
-    m = json.load(open(model_json))
-    pages = m["vars"]["pages"]["max"]
-    pt = m["states"]["kv"].get("page_tokens", 16)
-    n, used = len(ids), math.ceil(len(ids) / pt)
-    pos = np.arange(n, dtype=np.int32)
-    arrays = {
-        "token_ids": np.array(ids, np.int32), "positions": pos, "seq_lens": np.array([n], np.int32),
-        "query_start": np.array([0, n], np.int32), "slot_mapping": pos.copy(),
-        "block_tables": np.array([[p if p < used else -1 for p in range(pages)]], np.int32),
-        "last_token": np.array([n - 1], np.int32), "temperature": np.zeros(1, np.float32),
-        "top_k": np.zeros(1, np.int32), "top_p": np.ones(1, np.float32), "seeds": np.zeros(1, np.uint64),
-        "mask_rows": np.full(1, -1, np.int32),
-    }
-    os.makedirs(out, exist_ok=True)
-    args = []
-    for key, v in arrays.items():
-        if key in m["buffers"]:
-            p = os.path.join(out, key + ".npy")
-            np.save(p, v)
-            args += ["--input", f"{key}={p}"]
-    return args
-
-
-def cut_after(model_json, label, out):
-    m = json.load(open(model_json))
-    calls = m["program"]["calls"]
-    idx = next(i for i, c in enumerate(calls) if c.get("label") == label)
-    m["program"]["calls"] = calls[: idx + 1]
-    m.pop("programs", None)
-    m.pop("speculative", None)
-    with open(out, "w") as f:
-        json.dump(m, f)
-
-
 def routing(a):
     import numpy as np
     import torch
@@ -195,15 +158,14 @@ def routing(a):
                               "--max-seqs", 4, "--max-context", 1024] + list(a.pack_arg))
         k, norm = int(cfg["num_experts_per_tok"]), bool(cfg.get("norm_topk_prob", False))
         model_json = os.path.join(d, "model.json")
-        labels = [c["label"] for c in json.load(open(model_json))["program"]["calls"] if c.get("label", "").endswith(".moe_select")]
+        labels = parity.moe_select_labels(model_json)
         prompts = parity.make_prompts(lengths, a.seed, parity.prompt_id_max(cfg["vocab_size"]))
         kern_r = {}
         for pi, ids in enumerate(prompts):
-            inputs = step_inputs(model_json, os.path.join(d, f"in-{pi}"), ids)
-            for label in labels:
-                layer = int(label[1:].split(".")[0])
+            inputs = parity.step_inputs(model_json, os.path.join(d, f"in-{pi}"), ids)
+            for layer, label in sorted(labels.items()):
                 cut = os.path.join(d, f"model.cut-{layer}.json")
-                cut_after(model_json, label, cut)
+                parity.cut_after(model_json, label, cut)
                 od = os.path.join(d, f"out-{pi}-{layer}")
                 kern(f"{spec}-run-{pi}-{layer}", ["run", cut, "--weights", d, "--set", f"tokens={len(ids)}", "--set", "seqs=1", *inputs,
                                                   "--output", "moe_ids", "--output", "moe_w", "--output", "moe_logits", "--out-dir", od])

@@ -405,8 +405,14 @@ def summarize_shape(shape, prompts, seqs, rates, extra=None):
     if routing is not None:  # a sparse-MoE model: why a step is off, never a change of the verdict
         row["routing"] = routing
         row["notes"] = notes
+    forced, fnotes = forced_summary(seqs)
+    if forced is not None:  # its own verdict beside the rule's (which stands)
+        row["forced_routing"] = forced
+        row["notes"] = row.get("notes", []) + fnotes
     if extra:
         row.update(extra)
+    if row.get("forced_routing_error"):
+        row["notes"] = row.get("notes", []) + [f"forced routing not run: {row['forced_routing_error']}"]
     rc = row.get("rope_check")
     if rc is not None:
         row["rope"] = rope_cell(rc)
@@ -713,6 +719,139 @@ class Kern:
                     f.write(text)
 
 
+def step_inputs(model_json, out, ids):
+    """One sequence, a prefill of `ids` on pages 0.. in order (per-sequence state slot 0), as
+    .npy files for `kern run`; returns its --input arguments (only buffers the manifest has)."""
+    import math
+    import numpy as np
+    m = json.load(open(model_json))
+    pages = m["vars"]["pages"]["max"]
+    pt = m["states"]["kv"].get("page_tokens", 16)
+    n, used = len(ids), math.ceil(len(ids) / pt)
+    if used > pages:
+        raise ValueError(f"the prompt needs {used} pages, the manifest has {pages}")
+    pos = np.arange(n, dtype=np.int32)
+    arrays = {
+        "token_ids": np.array(ids, np.int32), "positions": pos, "seq_lens": np.array([n], np.int32),
+        "query_start": np.array([0, n], np.int32), "slot_mapping": pos.copy(),
+        "block_tables": np.array([[p if p < used else -1 for p in range(pages)]], np.int32),
+        "last_token": np.array([n - 1], np.int32), "temperature": np.zeros(1, np.float32),
+        "top_k": np.zeros(1, np.int32), "top_p": np.ones(1, np.float32), "seeds": np.zeros(1, np.uint64),
+        "mask_rows": np.full(1, -1, np.int32), "seq_slots": np.zeros(1, np.int32),
+    }
+    os.makedirs(out, exist_ok=True)
+    args = []
+    for key, v in arrays.items():
+        if key in m["buffers"]:
+            p = os.path.join(out, key + ".npy")
+            np.save(p, v)
+            args += ["--input", f"{key}={p}"]
+    return args
+
+
+def cut_after(model_json, label, out):
+    """The manifest with its program cut after the call `label` (no other programs, no draft)."""
+    m = json.load(open(model_json))
+    calls = m["program"]["calls"]
+    idx = next(i for i, c in enumerate(calls) if c.get("label") == label)
+    m["program"]["calls"] = calls[: idx + 1]
+    m.pop("programs", None)
+    m.pop("speculative", None)
+    with open(out, "w") as f:
+        json.dump(m, f)
+
+
+def moe_select_labels(model_json):
+    """{MoE layer index: the label of its `lL.moe_select` call} of a manifest ({} when dense)."""
+    calls = json.load(open(model_json))["program"]["calls"]
+    return {int(c["label"][1:].split(".")[0]): c["label"] for c in calls if c.get("label", "").endswith(".moe_select")}
+
+
+ROUTE_WHY = ("kern's experts are read back by one prefill of prompt + tokens; they are the experts its "
+             "generate run chose only when every row's bits are the same at any step size")
+
+
+def route_pack(kern, name, model_dir, route_dir, kernels, max_tokens, max_context, pack_args):
+    """The manifest kern_routing runs: the model packed again into route_dir (weights stay in
+    model_dir) for one sequence of up to max_tokens tokens in one step. The model's own manifest
+    must declare batch_invariant (kern pack --batch-invariant), else ValueError."""
+    if not json.load(open(os.path.join(model_dir, "model.json"))).get("batch_invariant"):
+        raise ValueError(f"--forced-routing needs --pack-arg --batch-invariant ({ROUTE_WHY})")
+    os.makedirs(route_dir, exist_ok=True)
+    kern(f"{name}.route-pack", ["pack", "--config", os.path.join(model_dir, "config.json"), "-o", route_dir,
+                                "--kernels", kernels, "--max-tokens", max_tokens, "--max-seqs", 1,
+                                "--max-context", max_context] + list(pack_args))
+    return os.path.join(route_dir, "model.json")
+
+
+def kern_routing(kern, name, route_json, model_dir, seq_ids):
+    """Per sequence, {MoE layer: kern's expert ids int [T, k]} at every position of seq_ids[i]
+    (prompt + generated[:-1]): one `kern run` of the manifest cut after each `lL.moe_select`,
+    the sequence in one step, output moe_ids."""
+    import numpy as np
+    labels = moe_select_labels(route_json)
+    if not labels:
+        raise ValueError(f"{route_json}: no moe_select call (not a MoE manifest)")
+    work = os.path.dirname(route_json)
+    out = []
+    for i, ids in enumerate(seq_ids):
+        inputs = step_inputs(route_json, os.path.join(work, f"in-{i}"), ids)
+        got = {}
+        for layer, label in sorted(labels.items()):
+            cut = os.path.join(work, f"model.cut-{layer}.json")
+            if not os.path.exists(cut):
+                cut_after(route_json, label, cut)
+            od = os.path.join(work, f"out-{i}-{layer}")
+            kern(f"{name}.route-{i}-{layer}", ["run", cut, "--weights", model_dir, "--set", f"tokens={len(ids)}",
+                                               "--set", "seqs=1", *inputs, "--output", "moe_ids", "--out-dir", od])
+            got[layer] = np.load(os.path.join(od, "moe_ids.npy"))[: len(ids)].astype(np.int64)
+        out.append(got)
+    return out
+
+
+def forced_sequence(logits, ref32f, bf16f, routes, r32):
+    """The rule against both references routed to kern's experts, for one sequence: per-step
+    ratios, worst, pass; and how kern's expert sets compare with the fp32 reference's own choice
+    (r32: {layer: router_stats} of the unforced fp32 run, or None): positions and layer-positions
+    where they differ, and how many of those the fp32 router had not nearly tied."""
+    import numpy as np
+    se = step_errors(logits, ref32f, bf16f)
+    j = int(se["ratio"].argmax())
+    r = {"ratio": [float(x) for x in se["ratio"]], "max_ratio": float(se["ratio"].max()), "worst_step": j,
+         "max_e_kern": float(se["e_kern"].max()), "max_e_bf16": float(se["e_bf16"].max()),
+         "pass": bool((se["ratio"] <= 1.0).all())}
+    if r32:
+        diff = untied = 0
+        for layer, ids in routes.items():
+            if layer not in r32:
+                continue
+            mine = np.sort(np.asarray(ids), axis=1)
+            theirs = np.asarray(r32[layer]["topk"], np.int64)
+            d = (mine[: len(theirs)] != theirs).any(axis=1)
+            diff += int(d.sum())
+            untied += int((d & (rel_margin(r32[layer])[: len(d)] >= TIE_REL)).sum())
+        r["kern_vs_fp32_sets_differ"] = diff
+        r["kern_vs_fp32_differ_untied"] = untied
+    return r
+
+
+def forced_summary(seqs):
+    """The shape row's `forced_routing` and its note (None, [] when no sequence has one)."""
+    fs = [(i, s["forced"]) for i, s in enumerate(seqs) if s.get("forced")]
+    if not fs:
+        return None, []
+    worst_i, worst = max(fs, key=lambda x: x[1]["max_ratio"])
+    out = {"pass": all(f["pass"] for _, f in fs), "worst_ratio": worst["max_ratio"],
+           "worst_at": f"seq{worst_i} step {worst['worst_step']}",
+           "kern_vs_fp32_sets_differ": sum(f.get("kern_vs_fp32_sets_differ", 0) for _, f in fs),
+           "kern_vs_fp32_differ_untied": sum(f.get("kern_vs_fp32_differ_untied", 0) for _, f in fs)}
+    note = (f"forced routing (fp32 and bf16 references routed to kern's experts): worst ratio {out['worst_ratio']:.3f} "
+            f"at {out['worst_at']}: {'PASS' if out['pass'] else 'FAIL'}; kern's expert set differs from the fp32 "
+            f"reference's own at {out['kern_vs_fp32_sets_differ']} layer-positions, {out['kern_vs_fp32_differ_untied']} "
+            f"of them not near-tied in fp32")
+    return out, [note]
+
+
 def make_prompts(lengths, seed, id_max=PROMPT_ID_MAX):
     import numpy as np
     rng = np.random.default_rng(seed)
@@ -861,21 +1000,111 @@ class RoutingCapture:
         self.current = None
 
 
-def teacher_forced(model, prompts, gen_toks, device, routing=None):
+class ForcedRouting:
+    """Forward hooks on every MoE gate of moe_blocks(model) that route each position to given
+    experts: the gate's returned indices [T, k] are replaced by the forced ones and its returned
+    weights by the model's own probabilities of those experts (softmax in fp32 of the router
+    logits F.linear(h, W) in the model's dtype, renormalised over the k when the gate's or the
+    config's norm_topk_prob says so, cast to the weights' dtype) — what transformers 5's
+    TopKRouter computes for its own top-k, for another set. Everything after the router runs
+    unchanged. Needs a gate that returns its indices (transformers 5); a transformers 4 Linear
+    gate raises. set(routes, T) before each forward, done() after it: every hook must have fired
+    once with T positions."""
+
+    def __init__(self, model):
+        self.blocks = moe_blocks(model)
+        if not self.blocks:
+            raise ValueError("forced routing: the model has no sparse-MoE block")
+        cfg = getattr(model, "config", None)
+        get_text = getattr(cfg, "get_text_config", None)
+        tcfg = get_text() if callable(get_text) else cfg
+        self.norm_cfg = bool(getattr(tcfg, "norm_topk_prob", False))
+        self.routes, self.t, self.fired, self.handles = None, None, set(), []
+
+    def set(self, routes, t):
+        missing = [l for l, _, _, _ in self.blocks if l not in routes]
+        if missing:
+            raise ValueError(f"forced routing: no expert ids for MoE layers {missing}")
+        self.routes, self.t, self.fired = routes, t, set()
+
+    def done(self):
+        want = {l for l, _, _, _ in self.blocks}
+        if self.fired != want:
+            raise RuntimeError(f"forced routing: hooks fired at layers {sorted(self.fired)}, MoE layers {sorted(want)}")
+        self.routes = None
+
+    def _hook(self, layer, k):
+        def hook(mod, args, kwargs, output):
+            return self._force(layer, k, mod, args, kwargs, output)
+        return hook
+
+    def _force(self, layer, k, mod, args, kwargs, output):
+        import torch
+        import torch.nn.functional as F
+        if self.routes is None:
+            return None
+        if not isinstance(output, (tuple, list)):
+            raise RuntimeError(f"forced routing: layer {layer}'s gate {type(mod).__name__} returns no indices "
+                               "(transformers 4's Linear gate); needs transformers 5")
+        out = list(output)
+        i_idx = [j for j, x in enumerate(out) if isinstance(x, torch.Tensor) and not x.is_floating_point() and x.shape[-1] == k]
+        i_w = [j for j, x in enumerate(out) if isinstance(x, torch.Tensor) and x.is_floating_point() and x.shape[-1] == k]
+        if len(i_idx) != 1 or len(i_w) != 1:
+            raise RuntimeError(f"forced routing: layer {layer}'s gate output {[tuple(getattr(x, 'shape', ())) for x in out]}: "
+                               f"cannot tell its indices and weights [T, {k}] apart")
+        idx, wts = out[i_idx[0]], out[i_w[0]]
+        forced = torch.as_tensor(self.routes[layer], device=idx.device).to(idx.dtype).reshape(-1, k)
+        if forced.shape[0] != idx.reshape(-1, k).shape[0] or forced.shape[0] != self.t:
+            raise RuntimeError(f"forced routing: layer {layer}: {forced.shape[0]} forced rows, the gate routed "
+                               f"{idx.reshape(-1, k).shape[0]} positions of {self.t}")
+        w = mod.weight
+        h = args[0] if args else next(iter(kwargs.values()))
+        logits = F.linear(h.reshape(-1, w.shape[1]), w, getattr(mod, "bias", None))
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+        top = probs.gather(1, forced.long())
+        norm = getattr(mod, "norm_topk_prob", None)
+        if norm is None:
+            norm = self.norm_cfg
+        if norm:
+            top = top / top.sum(dim=-1, keepdim=True)
+        out[i_idx[0]] = forced.reshape(idx.shape)
+        out[i_w[0]] = top.to(wts.dtype).reshape(wts.shape)
+        self.fired.add(layer)
+        return type(output)(out) if isinstance(output, tuple) else out
+
+    def __enter__(self):
+        for layer, _, gate, k in self.blocks:
+            self.handles.append(gate.register_forward_hook(self._hook(layer, k), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.routes = None
+
+
+def teacher_forced(model, prompts, gen_toks, device, routing=None, force=None):
     """Rows [n, vocab] float32 per sequence: the logits at positions len(prompt)-1+j, j < n,
     of one forward over prompt + gen[:n-1] (no cache), i.e. the logits that choose gen[j].
     routing: a list, or None; a list gets one {layer: router_stats} per sequence (every position
-    of the forward) when the model has sparse-MoE blocks, and stays empty otherwise."""
+    of the forward) when the model has sparse-MoE blocks, and stays empty otherwise.
+    force: None, or per sequence {MoE layer: expert ids [T, k]} (kern_routing): every MoE block
+    routes position t to those experts (ForcedRouting) instead of its own top-k."""
     import contextlib
     import torch
     rows = []
     cap = RoutingCapture(model) if routing is not None else None
     if cap is not None and not cap.blocks:
         cap = None
-    with torch.inference_mode(), (cap if cap is not None else contextlib.nullcontext()):
-        for p, g in zip(prompts, gen_toks):
+    fr = ForcedRouting(model) if force is not None else None
+    with torch.inference_mode(), (cap if cap is not None else contextlib.nullcontext()), \
+            (fr if fr is not None else contextlib.nullcontext()):
+        for i, (p, g) in enumerate(zip(prompts, gen_toks)):
             n = len(g)
             ids = torch.tensor([list(p) + list(g[:n - 1])], device=device)
+            if fr is not None:
+                fr.set(force[i], ids.shape[1])
             if cap is not None:
                 cap.current = {}
             try:  # the last n positions only: a long prompt's full [len, vocab] fp32 logits are GBs
@@ -885,6 +1114,8 @@ def teacher_forced(model, prompts, gen_toks, device, routing=None):
             assert logits.shape[1] in (n, len(p) + n - 1), logits.shape
             rows.append(logits[0, -n:].float().cpu().numpy())
             del logits
+            if fr is not None:
+                fr.done()
             if cap is not None:  # an incomplete capture drops this sequence's diagnostic, never the run
                 got = cap.current
                 if cap.errors or len(got) != len(cap.blocks) or any(len(st["margin"]) != ids.shape[1] for st in got.values()):
@@ -932,10 +1163,11 @@ def free_cuda():
         pass
 
 
-def hf_side(model_dir, prompts, kern_toks, steps, device, attn):
+def hf_side(model_dir, prompts, kern_toks, steps, device, attn, force=None):
     """ref32 rows, bf16 rows, HF bf16 greedy tokens + top-k, the manifest check (RoPE, scales,
     windows) against the fp32 model, and timings. One model on the GPU at a time (fp32 first),
-    freed before returning."""
+    freed before returning. force (kern_routing's expert ids per sequence): also ref32f / bf16f,
+    both references routed to kern's experts (ForcedRouting)."""
     import torch
     out = {}
     m, t = load_hf(model_dir, torch.float32, device, attn)
@@ -956,6 +1188,13 @@ def hf_side(model_dir, prompts, kern_toks, steps, device, attn):
     out["routing32"] = [] if blocks else None
     out["ref32"] = teacher_forced(m, prompts, kern_toks, device, routing=out["routing32"])
     out["fp32_forward_s"] = round(time.time() - t, 2)
+    if force is not None:
+        try:
+            out["ref32f"] = teacher_forced(m, prompts, kern_toks, device, force=force)
+        except Exception as e:  # noqa: BLE001 -- the forced check fails alone; the rule's rows stand
+            traceback.print_exc()
+            out["forced_error"] = f"fp32 forced forward: {type(e).__name__}: {e}"[:400]
+            force = None
     del m
     free_cuda()
     m, t = load_hf(model_dir, torch.bfloat16, device, attn)
@@ -964,6 +1203,13 @@ def hf_side(model_dir, prompts, kern_toks, steps, device, attn):
     out["routing16"] = [] if blocks else None
     out["bf16"] = teacher_forced(m, prompts, kern_toks, device, routing=out["routing16"])
     out["bf16_forward_s"] = round(time.time() - t, 2)
+    if force is not None:
+        try:
+            out["bf16f"] = teacher_forced(m, prompts, kern_toks, device, force=force)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            out["forced_error"] = f"bf16 forced forward: {type(e).__name__}: {e}"[:400]
+            out.pop("ref32f", None)
     t = time.time()
     try:
         out["hf_toks"], out["hf_topk"], out["hf_argmax_consistent"] = hf_greedy(m, prompts, steps, device)
@@ -1019,6 +1265,14 @@ def run_shape(shape, a, kern, shape_dir, presets):
     kern(f"{name}.pack", ["pack", "--config", os.path.join(model_dir, "config.json"), "-o", model_dir,
                           "--kernels", a.kernels, "--max-tokens", st["pack_max_tokens"], "--max-seqs", a.max_seqs,
                           "--max-context", st["max_context"]] + a.pack_arg)
+    route_json, routes, route_err = None, None, None
+    if a.forced_routing:  # packed now: hf_config_fixups below rewrites config.json for transformers
+        try:
+            route_json = route_pack(kern, name, model_dir, os.path.join(shape_dir, "route"), a.kernels,
+                                    max(st["lengths"]) + steps, st["max_context"], a.pack_arg)
+        except Exception as e:  # noqa: BLE001 -- the forced check fails alone, the rule's checks still run
+            route_err = f"{type(e).__name__}: {e}"[:400]
+            log(f"  forced routing: {route_err}")
     fixups = hf_config_fixups(model_dir)
     if fixups:
         log(f"  config.json as kern wrote it is refused by transformers' strict config; rewritten: {', '.join(fixups)}")
@@ -1055,8 +1309,14 @@ def run_shape(shape, a, kern, shape_dir, presets):
     t_kern = time.time() - t0 - t_prep
     log(f"  kern tokens (first 8 of each): {[o[:8] for o in run1[0]]}")
 
+    if route_json is not None:
+        try:
+            routes = kern_routing(kern, name, route_json, model_dir, [list(p) + list(g[:len(g) - 1]) for p, g in zip(prompts, run1[0])])
+        except Exception as e:  # noqa: BLE001
+            route_err = f"{type(e).__name__}: {' / '.join(x.strip() for x in str(e).splitlines() if x.strip())}"[:400]
+            log(f"  forced routing: kern's experts not read: {route_err}")
     t = time.time()
-    hf = hf_side(model_dir, prompts, run1[0], steps, a.device, st["attn"])
+    hf = hf_side(model_dir, prompts, run1[0], steps, a.device, st["attn"], force=routes)
     t_hf = time.time() - t
     log(f"  transformers: attn={hf['attn_implementation']} rope={hf['rope']} load fp32 {hf['load_fp32_s']} s, "
         f"bf16 {hf['load_bf16_s']} s; generate {hf['hf_generate_s']} s")
@@ -1078,6 +1338,9 @@ def run_shape(shape, a, kern, shape_dir, presets):
                 r["routing"] = routing_sequence(hf["routing32"][i], r16, len(p), r["ratio"])
             except Exception as e:  # noqa: BLE001 -- the diagnostic never changes the verdict, nor stops it
                 log(f"  seq{i}: routing diagnostic failed: {type(e).__name__}: {e}")
+        if routes is not None and "bf16f" in hf:
+            r["forced"] = forced_sequence(run1[1][i], hf["ref32f"][i], hf["bf16f"][i], routes[i],
+                                          hf["routing32"][i] if hf.get("routing32") else None)
         seqs.append(r)
         g = r["greedy"]
         split = g["error"] if "error" in g else "none" if g["first_split"] is None else f"step {g['first_split']} (gap {g['gap']:.4f} vs bound {g['bound']:.4f}, top{TOPK} mutual {g.get('topk_mutual')})"
@@ -1094,12 +1357,15 @@ def run_shape(shape, a, kern, shape_dir, presets):
                 f"bf16 flips at {rt['bf16_flip_positions']} of {rt['positions']} positions (steps {rt['bf16_flip_steps']})")
     extra = {"timings_s": {"prepare": round(t_prep, 1), "kern": round(t_kern, 1), "transformers": round(t_hf, 1),
                            "total": round(time.time() - t0, 1)},
-             "hf": {k: v for k, v in hf.items() if k not in ("ref32", "bf16", "hf_toks", "hf_topk", "rope_check", "routing32", "routing16")},
+             "hf": {k: v for k, v in hf.items() if k not in ("ref32", "bf16", "hf_toks", "hf_topk", "rope_check", "routing32", "routing16", "ref32f", "bf16f", "forced_error")},
              "rope_check": hf.get("rope_check"),
              "kern_stderr_tail": err1.strip().splitlines()[-10:], "layers": cfg.get("num_hidden_layers"),
              "real_layers": real_layers, "preset": shape["preset"], "overrides": shape["config"], "why": shape["why"],
              "settings": st, "sliding_window": cfg.get("sliding_window"), "prompt_ids": prompts, "config_fixups": fixups,
              "seqs": seqs}
+    route_err = route_err or hf.get("forced_error")
+    if route_err is not None:
+        extra["forced_routing_error"] = route_err
     if not hf["hf_argmax_consistent"]:
         log("  note: a transformers greedy token is not the argmax of its raw logits (a logits processor acted)")
     del hf
@@ -1179,6 +1445,9 @@ def main(argv=None):
                     help="extra argument for `kern pack` (repeatable, e.g. --pack-arg=--tp --pack-arg=2)")
     ap.add_argument("--kern-arg", action="append", default=[],
                     help="extra argument for every `kern generate` (repeatable, e.g. --kern-arg=--gpu-mem --kern-arg=40GiB)")
+    ap.add_argument("--forced-routing", action="store_true",
+                    help="MoE models: also score kern against both references routed to kern's own experts "
+                         "(read back by kern run; needs --pack-arg --batch-invariant)")
     ap.add_argument("--pack-max-tokens", type=int, default=None, help="kern pack --max-tokens (default: the shape's, else 256)")
     ap.add_argument("--max-seqs", type=int, default=8)
     ap.add_argument("--max-context", type=int, default=None,
@@ -1260,6 +1529,67 @@ def main(argv=None):
         with open(txt_out, "w") as f:
             f.write(summary + "\n")
     return 0 if ok else 1
+
+
+def forced_selftest(check):
+    """forced_sequence / forced_summary on synthetic rows (numpy only): the rule against the
+    routed-to-kern references, and the count of kern's sets that differ from fp32's own choice,
+    split by whether fp32 had nearly tied them; moe_select_labels, cut_after and step_inputs on a
+    hand-made manifest; route_pack refuses a manifest without batch_invariant."""
+    import tempfile
+    import numpy as np
+    steps, vocab = 3, 5
+    ref = np.zeros((steps, vocab))
+    bf = ref.copy()
+    bf[:, 0] = 0.1                      # e_bf16 0.1 -> bound 0.16 at every step
+    kl = ref.copy()
+    kl[0, 1], kl[2, 2] = 0.15, 0.2      # step 0 within, step 2 over (ratio 1.25)
+    lg = np.array([[5.0, 4.0, 1.0, 0.0], [5.0, 4.0, 4.0 - 2.0 ** -9, 0.0], [5.0, 1.0, 0.0, -1.0]])  # row 1: 2nd/3rd nearly tied
+    r32 = {2: router_stats(lg, 2)}       # fp32's sets {0,1} at every position
+    routes = {2: np.array([[1, 0], [0, 2], [3, 0]])}  # kern: same at 0, the tied one at 1, an untied one at 2
+    f = forced_sequence(kl, ref, bf, routes, r32)
+    check("forced: the rule against the routed references", not f["pass"] and f["worst_step"] == 2
+          and abs(f["max_ratio"] - 1.25) < 1e-9 and abs(f["ratio"][0] - 0.9375) < 1e-9)
+    check("forced: kern's sets vs fp32's own: 2 differ, 1 not near-tied",
+          f["kern_vs_fp32_sets_differ"] == 2 and f["kern_vs_fp32_differ_untied"] == 1)
+    kl[2, 2] = 0.0
+    ok = forced_sequence(kl, ref, bf, routes, None)
+    check("forced: within the bound passes; no fp32 routing, no counts", ok["pass"] and "kern_vs_fp32_sets_differ" not in ok)
+    out, notes = forced_summary([{"forced": f}, {}, {"forced": ok}])
+    check("forced: the summary takes the worst sequence and fails with it",
+          out["pass"] is False and out["worst_at"] == "seq0 step 2" and out["kern_vs_fp32_sets_differ"] == 2
+          and len(notes) == 1 and "FAIL" in notes[0] and "1 of them not near-tied" in notes[0])
+    check("forced: no forced sequence, no summary", forced_summary([{}, {}]) == (None, []))
+    with tempfile.TemporaryDirectory() as d:
+        m = {"vars": {"pages": {"max": 4}}, "states": {"kv": {"page_tokens": 16}},
+             "buffers": {"token_ids": {}, "positions": {}, "seq_slots": {}, "block_tables": {}},
+             "program": {"calls": [{"label": "embed"}, {"label": "l0.moe_select"}, {"label": "l0.experts"},
+                                   {"label": "l3.moe_select"}, {"label": "l3.experts"}]},
+             "programs": {"decode": {}}, "speculative": {}}
+        mj = os.path.join(d, "model.json")
+        write_json(mj, m)
+        check("forced: moe_select labels by layer", moe_select_labels(mj) == {0: "l0.moe_select", 3: "l3.moe_select"})
+        cut = os.path.join(d, "cut.json")
+        cut_after(mj, "l3.moe_select", cut)
+        c = json.load(open(cut))
+        check("forced: the cut ends at the label, no other programs", [x["label"] for x in c["program"]["calls"]][-1] == "l3.moe_select"
+              and len(c["program"]["calls"]) == 4 and "programs" not in c and "speculative" not in c)
+        args = step_inputs(mj, os.path.join(d, "in"), list(range(20)))
+        given = sorted(x.split("=")[0] for x in args if x != "--input")
+        bt = np.load(os.path.join(d, "in", "block_tables.npy"))
+        check("forced: step inputs only for the manifest's buffers, slot 0, two pages",
+              given == ["block_tables", "positions", "seq_slots", "token_ids"] and bt.tolist() == [[0, 1, -1, -1]]
+              and np.load(os.path.join(d, "in", "seq_slots.npy")).tolist() == [0])
+        try:
+            step_inputs(mj, os.path.join(d, "in2"), list(range(65)))
+            check("forced: a prompt past the pages refused", False)
+        except ValueError:
+            check("forced: a prompt past the pages refused", True)
+        try:
+            route_pack(lambda *x, **y: None, "s", d, os.path.join(d, "route"), "k", 10, 64, [])
+            check("forced: a pack without batch_invariant refused", False)
+        except ValueError as e:
+            check("forced: a pack without batch_invariant refused", "--batch-invariant" in str(e))
 
 
 def routing_selftest(check):
@@ -1445,6 +1775,7 @@ def selftest():
 
     # the MoE routing diagnostic (explains a step, never changes the verdict)
     routing_selftest(check)
+    forced_selftest(check)
 
     # greedy
     toks = [int(x) for x in kern.argmax(axis=1)]

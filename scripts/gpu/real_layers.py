@@ -29,7 +29,6 @@ set writes $OUT/real_layers.json. Exit 0 unless something could not run (it judg
 """
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -40,34 +39,6 @@ import real_model  # noqa: E402
 from parity import log  # noqa: E402
 
 TENSORS = ("o", "mlp", "x")
-
-
-def step_inputs(model_json, out, ids):
-    """One sequence, a prefill of `ids` on pages 0.. in order, as .npy files for `kern run`."""
-    import numpy as np
-    m = json.load(open(model_json))
-    pages = m["vars"]["pages"]["max"]
-    pt = m["states"]["kv"].get("page_tokens", 16)
-    n = len(ids)
-    used = math.ceil(n / pt)
-    if used > pages:
-        raise ValueError(f"the prompt needs {used} pages, the manifest has {pages}")
-    pos = np.arange(n, dtype=np.int32)
-    arrays = {
-        "token_ids": np.array(ids, np.int32), "positions": pos, "seq_lens": np.array([n], np.int32),
-        "query_start": np.array([0, n], np.int32), "slot_mapping": pos.copy(),
-        "block_tables": np.array([[p if p < used else -1 for p in range(pages)]], np.int32),
-        "last_token": np.array([n - 1], np.int32), "temperature": np.zeros(1, np.float32),
-        "top_k": np.zeros(1, np.int32), "top_p": np.ones(1, np.float32), "seeds": np.zeros(1, np.uint64),
-    }
-    os.makedirs(out, exist_ok=True)
-    args = []
-    for k, v in arrays.items():
-        if k in m["buffers"]:
-            p = os.path.join(out, k + ".npy")
-            np.save(p, v)
-            args += ["--input", f"{k}={p}"]
-    return args
 
 
 def cut_manifest(model_json, layer, out):
@@ -152,7 +123,7 @@ def main(argv=None):
     kern_vals = {}
     t0 = time.time()
     for i, ids in prompts.items():
-        inputs = step_inputs(model_json, os.path.join(a.work, f"in-{i}"), ids)
+        inputs = parity.step_inputs(model_json, os.path.join(a.work, f"in-{i}"), ids)
         n_layers = layers or sum(1 for c in json.load(open(model_json))["program"]["calls"] if c.get("op") in ("o_proj", "o_proj_norm_gate_up"))
         for l in range(n_layers - 1):
             cut = os.path.join(model_dir, f"model.cut{l}.json")
