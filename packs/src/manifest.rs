@@ -181,8 +181,9 @@ pub enum BatchGemm {
     /// rows, and 17..32 rows when K >= 2560 (where it measured faster; 9..16 rows keep m16).
     #[default]
     Wide,
-    /// Set by [`PackOptions::batch_invariant`] (not a `--batch-gemm` value): the GEMV family for
-    /// every M, `gemm_bf16_w64` from 33 rows on, with no upper bound (no wgmma).
+    /// Set by [`PackOptions::batch_invariant`] (not a `--batch-gemm` value): the GEMV family up to
+    /// 64 rows (`gemm_bf16_w64` from 33), `gemm_bf16_wgmma_gv` above — the wgmma GEMM in the GEMV
+    /// family's order, whose rows get the GEMV's bits (gemm_wgmma.cu, "GEMV order").
     Invariant,
 }
 
@@ -562,11 +563,10 @@ fn write(cfg: &Config, opts: &PackOptions, out: &Path, edit: impl FnOnce(&mut Va
     // The wide GEMMs run for 9..64 rows: only when a step can have 9 rows (tokens, or seqs for the LM head).
     let wide = (opts.batch_gemm != BatchGemm::Skinny && opts.max_tokens.max(opts.max_seqs) >= 9).then_some(WIDE_MODULE);
     // With split decode and tensor-core prefill, attention_dD runs for no step size; batch-invariant
-    // packs run neither attention_dD nor wgmma.
+    // packs run no attention_dD.
     let unused = |m: &&str| {
         (*m == "attention" && split.is_some() && prefill_tc.is_some())
             || (*m == "attention" && opts.batch_invariant && prefill_tc.is_some())
-            || (*m == "gemm_wgmma" && opts.batch_invariant)
             || (*m == "rope" && cfg.hybrid.is_some())
     };
     for m in MODULES.iter().copied().filter(|m| !unused(m)).chain(split).chain(prefill_tc).chain(wide).chain(crate::moe::module(cfg)).chain(crate::gdn::modules(cfg)) {
@@ -815,13 +815,16 @@ fn gemm_launches(n: u64, k: u64, m: &str, m_max: u64, f32_out: bool, batch: Batc
         // few chunks), and lose at 9..16 rows on most shapes, which keep gemm_bf16_m16.
         let use_wide = batch != BatchGemm::Skinny && (lo >= 33 || (lo >= 17 && k >= 2560));
         if batch == BatchGemm::Invariant && lo == 33 {
-            // Every step above 32 rows: gemm_bf16_w64 loops over passes of 64 rows.
-            out.push(launch(WIDE_MODULE, format!("gemm_bf16_w64{sfx}"), json!([format!("ceil({n}/64) * 8 * {}", within(33, None))]), 128, 0));
+            // 33..64 rows: gemm_bf16_w64 (the 8-warp family's bits).
+            out.push(launch(WIDE_MODULE, format!("gemm_bf16_w64{sfx}"), json!([format!("ceil({n}/64) * 8 * {}", within(33, Some(64)))]), 128, 0));
             continue;
         }
         out.push(if use_wide { wide(&entry.replace("_m", "_w"), lo, hi) } else { skinny(entry, lo, hi) });
     }
-    if m_max >= 65 && batch != BatchGemm::Invariant {
+    if m_max >= 65 {
+        // Invariant: the wgmma GEMM in the GEMV family's order (gemm_wgmma.cu, "GEMV order"):
+        // a row's bits equal the GEMV's, so every step size gives a row the same projection.
+        let (wg, bn) = if batch == BatchGemm::Invariant { ("gemm_bf16_wgmma_gv", 128) } else { (wg, bn) };
         out.push(launch("gemm_wgmma", format!("{wg}{sfx}"), json!([format!("ceil({m}/128) * {}", within(65, None)), format!("ceil({n}/{bn})")]), 256, 197632));
     }
     out

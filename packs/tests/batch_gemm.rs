@@ -87,8 +87,8 @@ fn skinny_batch_gemms_and_small_packs_have_no_wide_module() {
 }
 
 /// Issue 29 (`PackOptions::batch_invariant`, docs/batch-invariance.md): every projection runs the
-/// GEMV family at every step size — `gemm_bf16_w64` for any step above 32 rows, no wgmma module —
-/// and every step's attention is the one tensor-core prefill launch, decode steps included; the
+/// GEMV family up to 64 rows (`gemm_bf16_w64` for 33..64) and `gemm_bf16_wgmma_gv` (the wgmma
+/// GEMM in the GEMV family's order: the same bits per row) above, and every step's attention is the one tensor-core prefill launch, decode steps included; the
 /// manifest passes `kern check`; models whose kernels cannot keep a row's bits are refused by name.
 #[test]
 fn batch_invariant_packs_run_one_arithmetic_at_every_step_size() {
@@ -96,7 +96,7 @@ fn batch_invariant_packs_run_one_arithmetic_at_every_step_size() {
     let out = std::env::temp_dir().join(format!("kern-pack-invariant-{}", std::process::id()));
     let o = PackOptions { batch_invariant: true, ..opts(BatchGemm::Wide) };
     let m = load(&generate(&cfg, &o, &out).unwrap(), &CheckOptions::default()).unwrap();
-    assert!(!m.modules.iter().any(|x| x.name == "gemm_wgmma" || x.name == "attention" || x.name == "attention_decode"), "unused modules");
+    assert!(!m.modules.iter().any(|x| x.name == "attention" || x.name == "attention_decode"), "unused modules");
     assert!(m.batch_invariant, "the manifest declares batch_invariant (kern serve --batch-invariant checks it)");
     let plain = load(&generate(&cfg, &opts(BatchGemm::Wide), &out.join("plain")).unwrap(), &CheckOptions::default()).unwrap();
     assert!(!plain.batch_invariant);
@@ -109,7 +109,8 @@ fn batch_invariant_packs_run_one_arithmetic_at_every_step_size() {
                 1..=8 => "gemv_bf16",
                 9..=16 => "gemm_bf16_m16",
                 17..=32 => m32,
-                _ => "gemm_bf16_w64",
+                33..=64 => "gemm_bf16_w64",
+                _ => "gemm_bf16_wgmma_gv",
             };
             assert_eq!(running(&m, op, var, rows).0, format!("{want}{sfx}"), "{op} at {rows} rows");
         }
@@ -128,7 +129,8 @@ fn batch_invariant_packs_run_one_arithmetic_at_every_step_size() {
     // Gemma 3's head_dim 256 (no tensor-core prefill kernel for it): attention_dD at every step.
     let g = load(&generate(&preset("gemma-3-4b").unwrap(), &o, &out.join("gemma")).unwrap(), &CheckOptions::default()).unwrap();
     assert!(g.batch_invariant);
-    assert!(!g.modules.iter().any(|x| x.name == "gemm_wgmma" || x.name == "attention_prefill" || x.name == "attention_decode"), "unused modules");
+    assert!(!g.modules.iter().any(|x| x.name == "attention_prefill" || x.name == "attention_decode"), "unused modules");
+    assert_eq!(running(&g, "down_proj", "tokens", 200).0, "gemm_bf16_wgmma_gv");
     one_attention_launch(&g, "attention_d256");
     let _ = std::fs::remove_dir_all(&out);
 }
@@ -149,7 +151,8 @@ fn one_attention_launch(m: &kern_manifest::Manifest, entry: &str) {
 /// The Gated DeltaNet hybrids under `--batch-invariant`: the recurrent delta rule (fp32 state)
 /// is the one GDN launch at every step size, prefill chunks included (no chunked rule); the
 /// attention layers take the tensor-core kernel (head_dim 128) or attention_dD (256) at every
-/// step; the projections, the MoE router and the shared expert run the GEMV family (no wgmma);
+/// step; the projections, the MoE router and the shared expert run the GEMV family up to 64 rows
+/// and the GEMV-order wgmma above;
 /// `kern check` passes; the bf16 state is refused by name.
 #[test]
 fn batch_invariant_hybrids_run_the_recurrent_rule_at_every_step_size() {
@@ -159,7 +162,6 @@ fn batch_invariant_hybrids_run_the_recurrent_rule_at_every_step_size() {
         let cfg = preset(name).unwrap();
         let m = load(&generate(&cfg, &o, &out.join(name)).unwrap(), &CheckOptions::default()).unwrap_or_else(|d| panic!("{name}: {d}"));
         assert!(m.batch_invariant, "{name}");
-        assert!(!m.modules.iter().any(|x| x.name == "gemm_wgmma"), "{name}: no wgmma");
         one_attention_launch(&m, att);
         let rule = &m.ops[m.op("gdn_rule").unwrap().0];
         // (Two copies under --pdl-small-steps, one per side of 8 tokens; exactly one runs.)
@@ -173,7 +175,8 @@ fn batch_invariant_hybrids_run_the_recurrent_rule_at_every_step_size() {
         }
         for op in ["gdn_in_proj", "gdn_out_proj", "moe_router", "shared_gate_up"] {
             if m.op(op).is_some() {
-                assert_eq!(running(&m, op, "tokens", 200).0, "gemm_bf16_w64", "{name} {op} at 200 rows");
+                assert_eq!(running(&m, op, "tokens", 200).0, "gemm_bf16_wgmma_gv", "{name} {op} at 200 rows");
+                assert_eq!(running(&m, op, "tokens", 64).0, "gemm_bf16_w64", "{name} {op} at 64 rows");
                 assert_eq!(running(&m, op, "tokens", 1).0, "gemv_bf16", "{name} {op} at 1 row");
             }
         }

@@ -58,6 +58,8 @@ ENTRIES = {
     "gemm_bf16_wgmma_n128":        ("gemm_wgmma",  lambda M, N: (cdiv(M, 128), cdiv(N, 128), 1), 256, 197632, False, None),
     "gemm_bf16_wgmma_n128_f32out": ("gemm_wgmma",  lambda M, N: (cdiv(M, 128), cdiv(N, 128), 1), 256, 197632, True, None),
     "gemm_bf16_wgmma_nofence":     ("gemm_wgmma",  lambda M, N: (cdiv(M, 128), cdiv(N, 256), 1), 256, 197632, False, None),
+    "gemm_bf16_wgmma_gv":          ("gemm_wgmma",  lambda M, N: (cdiv(M, 128), cdiv(N, 128), 1), 256, 197632, False, None),
+    "gemm_bf16_wgmma_gv_f32out":   ("gemm_wgmma",  lambda M, N: (cdiv(M, 128), cdiv(N, 128), 1), 256, 197632, True, None),
     "gemv_bf16":                   ("gemm_skinny", lambda M, N: (cdiv(N, 16), 1, 1), 256, 0, False, 8),
     "gemv_bf16_f32out":            ("gemm_skinny", lambda M, N: (cdiv(N, 16), 1, 1), 256, 0, True, 8),
     "gemv_bf16_pf":                ("gemm_skinny", lambda M, N: (cdiv(N, 16), 1, 1), 256, 0, False, 8),
@@ -129,7 +131,13 @@ INV_MS = [1, 2, 7, 64, 65, 127, 128, 129, 300, 1000, 4096, 8192]
 INV_PERMS = [("M=128 reversed", 128, "reverse"), ("M=129 rolled by 64", 129, "roll64"),
              ("M=300 reversed", 300, "reverse"), ("M=1000 rolled by 1", 1000, "roll1"),
              ("M=8192 random permutation", 8192, "random"), ("M=8192 repeat", 8192, "identity")]
-INV_ENTRIES = ["gemm_bf16_wgmma", "gemm_bf16_wgmma_f32out", "gemm_bf16_wgmma_n128", "gemm_bf16_wgmma_n128_f32out"]
+INV_ENTRIES = ["gemm_bf16_wgmma", "gemm_bf16_wgmma_f32out", "gemm_bf16_wgmma_n128", "gemm_bf16_wgmma_n128_f32out",
+               "gemm_bf16_wgmma_gv", "gemm_bf16_wgmma_gv_f32out"]
+# The `_gv` entries (GEMV order, gemm_wgmma.cu) must give the GEMV family's bits: every row equal
+# to gemm_bf16_w64's (the 8-warp family's, same bits) — on the INV_SHAPES' first INV_W64_ROWS rows
+# and on these (N, K, bias?) with short and ragged K (fewer than 8 chunks, a partial chunk) at GV_MS.
+GV_SHAPES = [(1000, 1000, True), (72, 2560, False), (520, 64, False), (4096, 1024, False), (136, 200, True)]
+GV_MS = [1, 8, 64, 65, 130, 300]
 INV_W64_ROWS = 1024  # rows compared (information) against gemm_bf16_w64, the GEMV family's 64-row entry
 
 
@@ -421,6 +429,15 @@ class Worker:
                         nrow, nel, mulp = row_diff(refs[wg][:R], y64, f32)
                         emit("inv_info", what=f"{wg} vs {w64}", shape=label, N=N, K=K, rows=R, differ=nrow,
                              elems=nel, total=R * N, max_ulp=mulp)
+                gv = "gemm_bf16_wgmma_gv" + sfx
+                if gv in refs:  # required: the GEMV order's claim
+                    case = dict(entry=f"{gv} == {w64}", shape=label, N=N, K=K, bias=use_bias)
+                    if y64 is None:
+                        emit("inv", ok=False, rows=0, differ=0, detail=[f"{w64} not run"], **case)
+                    else:
+                        nrow, nel, mulp = row_diff(refs[gv][:R], y64, f32)
+                        emit("inv", ok=nrow == 0, rows=R, differ=nrow,
+                             detail=[] if nrow == 0 else [f"{nrow} rows ({nel} elements, max {mulp} ulp) differ"], **case)
                 a, c = "gemm_bf16_wgmma" + sfx, "gemm_bf16_wgmma_n128" + sfx
                 if a in refs and c in refs:
                     nrow, nel, mulp = row_diff(refs[a], refs[c], f32)
@@ -429,6 +446,46 @@ class Worker:
                 del y64
             del refs, x, W, b
             torch.cuda.empty_cache()
+        self.gv_identity(row_diff)
+
+    def gv_identity(self, row_diff):
+        """gemm_bf16_wgmma_gv(_f32out) == gemm_bf16_w64(_f32out), every row, on GV_SHAPES x GV_MS
+        (short K: fewer chunks than the GEMV's 8 warps; K % 64 != 0: a partial chunk; biases)."""
+        torch, np = self.torch, self.np
+        g = torch.Generator(device=self.dev)
+        g.manual_seed(4242)
+        for N, K, use_bias in GV_SHAPES:
+            x = torch.randn(max(GV_MS), K, generator=g, device=self.dev).to(torch.bfloat16)
+            W = (torch.randn(N, K, generator=g, device=self.dev) * 0.05).to(torch.bfloat16)
+            b = (torch.randn(N, generator=g, device=self.dev) * 0.1).to(torch.bfloat16) if use_bias else None
+            for f32 in (False, True):
+                sfx = "_f32out" if f32 else ""
+                gv, w64 = "gemm_bf16_wgmma_gv" + sfx, "gemm_bf16_w64" + sfx
+                case = dict(entry=f"{gv} == {w64}", shape=f"{N}x{K}", N=N, K=K, bias=use_bias)
+                if gv not in self.fns or w64 not in self.inv_fns:
+                    emit("inv", ok=False, rows=0, differ=0, detail=["entry missing"], **case)
+                    continue
+                dt = torch.float32 if f32 else torch.bfloat16
+                rows = differ = 0
+                detail = []
+                for M in GV_MS:
+                    ya = torch.full((M, N), float("nan"), dtype=dt, device=self.dev)
+                    yb = torch.full((M, N), float("nan"), dtype=dt, device=self.dev)
+                    self.launch(gv, x[:M], W, b, ya, M, N, K)
+                    with self.cstream:
+                        self.inv_fns[w64](ENTRIES[w64][1](M, N), (ENTRIES[w64][2], 1, 1),
+                                          (self.ptr(x), self.ptr(W), self.ptr(b), self.ptr(yb),
+                                           np.int32(M), np.int32(N), np.int32(K)), shared_mem=ENTRIES[w64][3])
+                    torch.cuda.synchronize()
+                    nrow, nel, mulp = row_diff(ya, yb, f32)
+                    rows += M
+                    differ += nrow
+                    if nrow:
+                        detail.append(f"M={M}: {nrow} rows ({nel} elements, max {mulp} ulp) differ")
+                    if bool(torch.isnan(ya.float()).any().item()):
+                        detail.append(f"M={M}: NaN in {gv}'s output")
+                emit("inv", ok=not detail, rows=rows, differ=differ, detail=detail[:6], **case)
+            del x, W, b
 
     # -- timing
     def timed(self, launches, reps=50):
@@ -681,11 +738,11 @@ def invariance_table(results):
           f"{INV_MS} (x = the first M rows of one {max(INV_MS)}-row matrix) and the permuted / repeated runs "
           f"({'; '.join(p[0] for p in INV_PERMS)}); rows = rows compared, differ = rows with any bit different "
           f"(expected 0)")
-    print(f"{'':4s} {'entry':28s} {'shape':11s} {'N':>6s} {'K':>6s} {'rows':>7s} {'differ':>7s} {'rel err':>9s}")
+    print(f"{'':4s} {'entry':52s} {'shape':11s} {'N':>6s} {'K':>6s} {'rows':>7s} {'differ':>7s} {'rel err':>9s}")
     for r in invs:
         bad |= not r["ok"]
         rel = r.get("rel")
-        print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['entry']:28s} {r['shape']:11s} {r['N']:6d} {r['K']:6d} "
+        print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['entry']:52s} {r['shape']:11s} {r['N']:6d} {r['K']:6d} "
               f"{r['rows']:7d} {r['differ']:7d} {rel if rel is not None else float('nan'):9.2e}"
               + ("" if r["ok"] else "  " + "; ".join(r["detail"])))
     if infos:
