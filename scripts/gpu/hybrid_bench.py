@@ -196,6 +196,53 @@ def active_bytes(cfg, batch):
     return weight_bytes(cfg, experts=expected_experts(E, k, batch) if E else None, emb_rows=batch)
 
 
+BF16_PEAK_TFLOPS = 989.0  # H200 dense bf16 (as bench_table.py / moe_check.py)
+GDN_CHUNK = 64  # the chunked rule's chunk (packs/kernels/gdn.cu)
+
+
+def prefill_flops(cfg, tokens, chunk=GDN_CHUNK, where="config"):
+    """An ESTIMATE of one `tokens`-token prefill's FLOPs (multiply-add = 2) through `cfg`, by part:
+    projections (every token through the GDN in / out projections, the attention's q (+ gate) /
+    k / v / o, the router, k routed experts and the shared expert or the dense MLP; the LM head on
+    the last token only), causal attention of the full-attention layers (QK^T and PV on the lower
+    triangle: 2 · Hq · D · T^2), and the chunked gated delta rule per value head and token
+    (K K^T, Q K^T, the WY products of K and V over a chunk of C tokens: 2·C·(3·Dk + 2·Dv); the
+    chunk-to-state products Q S, K S and K^T U: 6·Dk·Dv; the C^3/3 triangular solve per chunk
+    left out). Returns {"projections", "attention", "gdn_rule", "total"}."""
+    H, V = need(cfg, "hidden_size", where), need(cfg, "vocab_size", where)
+    hq = need(cfg, "num_attention_heads", where)
+    hkv = cfg.get("num_key_value_heads", hq)
+    D = cfg.get("head_dim") or H // hq
+    hk, hv, dk, dv, _ = gdn_dims(cfg, where)
+    E, k = cfg.get("num_experts", 0) or 0, cfg.get("num_experts_per_tok", 0) or 0
+    I, Is = cfg.get("moe_intermediate_size", 0), cfg.get("shared_expert_intermediate_size", 0) or 0
+    step, dense = max(1, cfg.get("decoder_sparse_step", 1) or 1), set(cfg.get("mlp_only_layers") or [])
+    T = float(tokens)
+    proj = att = rule = 0.0
+    for l, kind in enumerate(layer_kinds(cfg, where)):
+        if kind == "linear_attention":
+            proj += 2 * T * (H * (2 * hk * dk + 2 * hv * dv + 2 * hv) + hv * dv * H)
+            rule += T * hv * (2 * chunk * (3 * dk + 2 * dv) + 6 * dk * dv)
+        else:
+            proj += 2 * T * (H * (2 * hq * D + 2 * hkv * D) + hq * D * H)
+            att += 2 * hq * D * T * T
+        if E and l not in dense and (l + 1) % step == 0:
+            proj += 2 * T * (E * H + k * 3 * I * H + (3 * Is * H + H if Is else 0))
+        else:
+            proj += 2 * T * 3 * need(cfg, "intermediate_size", where) * H
+    proj += 2 * V * H  # the LM head, last token only
+    return {"projections": proj, "attention": att, "gdn_rule": rule, "total": proj + att + rule}
+
+
+def prefill_vs_peak(cfg, tokens, ms):
+    """prefill_flops of the row, its time at the bf16 peak, and kern's rate and fraction of it."""
+    f = prefill_flops(cfg, tokens)
+    f["bound_ms"] = f["total"] / (BF16_PEAK_TFLOPS * 1e12) * 1e3
+    f["tflops"] = f["total"] / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
+    f["fraction"] = f["tflops"] / BF16_PEAK_TFLOPS
+    return f
+
+
 def floor_ms(nbytes, gbs):
     """Milliseconds to move `nbytes` at `gbs` GB/s (kern's copy bandwidth counts read + write)."""
     return nbytes / (gbs * 1e9) * 1e3
@@ -293,6 +340,11 @@ def bench_table(r):
     else:
         k = row["kern"]
         lines.append(f"{label:<46} {k['median_ms']:.1f} ms   {k['tok_per_s']:,.0f} tok/s   ({k.get('steps', '?')} step(s), {k.get('timing', '?')} time)")
+        fl = row.get("flops")
+        if fl:
+            lines.append(f"{'    vs the bf16 peak (FLOPs an ESTIMATE)':<46} {fl['total'] / 1e12:.1f} TFLOP (projections {fl['projections'] / 1e12:.1f}, "
+                         f"attention {fl['attention'] / 1e12:.1f}, delta rule {fl['gdn_rule'] / 1e12:.1f}): bound {fl['bound_ms']:.1f} ms at "
+                         f"{BF16_PEAK_TFLOPS:.0f} TFLOP/s; kern {fl['tflops']:.0f} TFLOP/s = {fl['fraction']:.0%} of peak")
     if r.get("weights_check"):
         lines.append(f"  weights: {r['weights_check']}")
     fd = r.get("full_depth")
@@ -501,6 +553,8 @@ def bench_steps(a, r, failed, kern, full, work):
             row = {"kern": j}
             if kind == "decode":
                 row["floor"] = decode_floor(red, j, state_red, r["batches"][key])
+            else:
+                row["flops"] = prefill_vs_peak(red, a.prompt_tokens, float(j["median_ms"]))
             r["rows"][key] = row
         except (RuntimeError, InputError) as e:
             r["rows"][key] = {"error": f"FAILED: {e}"}
@@ -784,6 +838,16 @@ def selftest(a):
     check("fp32 state bytes per sequence = 77,266,944 (hand)", state_bytes_per_seq(full, 4) == 77_266_944, str(state_bytes_per_seq(full, 4)))
     check("bf16 state bytes per sequence = 39,518,208 (hand)", state_bytes_per_seq(full, 2) == 39_518_208, str(state_bytes_per_seq(full, 2)))
     check("KV bytes per token = 24,576 (hand)", kv_bytes_per_token(full) == 24_576, str(kv_bytes_per_token(full)))
+    tiny = {"hidden_size": 8, "vocab_size": 10, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4,
+            "linear_num_key_heads": 1, "linear_num_value_heads": 2, "linear_key_head_dim": 4, "linear_value_head_dim": 4,
+            "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 3, "shared_expert_intermediate_size": 5,
+            "layer_types": ["linear_attention", "full_attention"], "num_hidden_layers": 2}
+    pf = prefill_flops(tiny, 10, chunk=8)
+    check("prefill FLOPs by part (hand: projections 23,200, attention 1,600, delta rule 8,320)",
+          pf == {"projections": 23200.0, "attention": 1600.0, "gdn_rule": 8320.0, "total": 33120.0}, str(pf))
+    pv = prefill_vs_peak(tiny, 10, 1.0)
+    check("prefill vs peak: rate and fraction from the FLOPs and the time", abs(pv["tflops"] - prefill_flops(tiny, 10)["total"] / 1e-3 / 1e12) < 1e-15
+          and abs(pv["fraction"] - pv["tflops"] / BF16_PEAK_TFLOPS) < 1e-15)
     check("crossover fp32 3,144 / bf16 1,608 tokens (hand)", crossover_tokens(77_266_944, 24_576) == 3144 and crossover_tokens(39_518_208, 24_576) == 1608)
     small = presets["qwen3-next-small"]  # 6 GDN layers (Hk 4, Hv 8): conv_dim 2,048; (3·2,048·2 + 8·128²·4)·6 = 3,219,456
     check("qwen3-next-small fp32 state = 3,219,456 (hand; kern pack printed the same)", state_bytes_per_seq(small, 4) == 3_219_456, str(state_bytes_per_seq(small, 4)))
