@@ -94,13 +94,13 @@ pub struct PackOptions {
     /// bf16 (the default) or f32 (the router GEMM's `_f32out` entries, `moe_topk_f32`).
     pub router_logits: crate::moe::RouterLogits,
     /// Batch-invariant program (`--batch-invariant`, issue 29, docs/batch-invariance.md): every
-    /// projection runs the GEMV family at every step size (`gemv_bf16`, `gemm_bf16_m16`, the wide
-    /// `gemm_bf16_w32` / `w64`, the last for any M in passes of 64 rows) instead of wgmma above 64
-    /// rows, every step's attention is one kernel (`attention_prefill_dD`, or `attention_dD` at
+    /// projection gives a row the GEMV family's bits at every step size (`gemv_bf16`,
+    /// `gemm_bf16_m16`, the wide `gemm_bf16_w32` / `w64` up to 64 rows, `gemm_bf16_wgmma_gv` — the
+    /// wgmma GEMM in the GEMV's order — above), every step's attention is one kernel (`attention_prefill_dD`, or `attention_dD` at
     /// head_dim 256), decode steps included, and a hybrid's delta rule is the recurrent one at
     /// every step (fp32 state), so a row's bits do not depend on the step it is in or on how its
-    /// prompt was cut. Costs prefill speed (W re-read per 64 rows) and long-context decode
-    /// attention (no split).
+    /// prompt was cut. Costs prefill speed (the GEMV-order wgmma's 128-wide tiles and 8-byte
+    /// copies) and decode attention (the prefill kernel, no split).
     pub batch_invariant: bool,
 }
 

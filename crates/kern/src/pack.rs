@@ -101,13 +101,14 @@ pub struct Args {
     /// `--residual f32` and no `--tp` (otherwise the unfused program is written).
     #[arg(long, value_name = "on|off", default_value = "off", value_parser = on_off, action = clap::ArgAction::Set)]
     decode_fusion: bool,
-    /// A batch-invariant program (docs/batch-invariance.md): every projection runs the decode
-    /// GEMV family at every step size (no wgmma above 64 rows), every step's attention is one
-    /// kernel (the tensor-core prefill kernel, or attention_dD at head_dim 256) and a hybrid's
-    /// Gated DeltaNet layers run the recurrent rule (fp32 state), so a row's bits do not depend on
-    /// what else is in its step or on how its prompt was cut. bf16 weights only. On an H200: a greedy
-    /// request alone == under 256 streams 32/32 (default packs 14/32); Qwen3-4B 8k prefill +84%,
-    /// batch 1 +10%, batch 64 0% (docs/batch-invariance.md)
+    /// A batch-invariant program (docs/batch-invariance.md): every projection gives a row the
+    /// decode GEMV family's bits at every step size (the GEMV family up to 64 rows, the wgmma GEMM
+    /// in the GEMV's order above), every step's attention is one kernel (the tensor-core prefill
+    /// kernel, or attention_dD at head_dim 256) and a hybrid's Gated DeltaNet layers run the
+    /// recurrent rule (fp32 state), so a row's bits do not depend on what else is in its step or on
+    /// how its prompt was cut. bf16 weights only. On an H200: a greedy request alone == under 256
+    /// streams 32/32 (default packs 14/32); Qwen3-4B 8k prefill +31%, batch 1 +11%, Qwen3-0.6B
+    /// batch 1 +24% (docs/batch-invariance.md)
     #[arg(long)]
     batch_invariant: bool,
     /// With --gguf: load every weight dequantized to bf16 (kern's behaviour before GGUF-native
