@@ -14,12 +14,17 @@
 //   moe_gemm_l   the same with tiles of 64 rows × 128 columns (prefill); both chain the same
 //                mma.sync m16n8k16 over k in the same order for every output element, so a row's
 //                bits do not depend on the tile, the step size or its place in the expert's range
+//   moe_gemm_w   the same on wgmma, tiles of 128 rows × 128 columns (prefill on Hopper): the same
+//                k16 steps in the same order, which wgmma rounds as mma.sync does: the same bits
 //   moe_combine  out[t] = Σ_j w_j · y[pos(t, j)] over the token's k experts in ascending expert
 //                id, fp32, rounded once (or, flag 1, transformers' bf16 index_add_ order exactly)
 //
 // Grids are sized by the manifest for the worst routing (idle CTAs exit after reading the
 // offsets); nothing is decided on the host, so one CUDA graph per bucket serves every routing.
 #include "common.cuh"
+#ifndef KERN_HOST_EMU
+#include "gemm_wgmma_ops.cuh"  // wgmma.mma_async m64n128k16 (moe_gemm_w)
+#endif
 
 using namespace kern;
 
@@ -445,6 +450,206 @@ moe_gemm_l(const bf16* __restrict__ x, const bf16* __restrict__ W, bf16* __restr
            const int* __restrict__ sorted, int n, int N, int K, int E, int topk, int gather) {
     KERN_PDL_WAIT();
     moe_gemm_impl<64, 128, 2, 3>(x, W, y, offsets, sorted, n, N, K, E, topk, gather);
+}
+
+// ================================================================== grouped GEMM on wgmma
+// moe_gemm_w: the prefill grouped GEMM on Hopper's warpgroup MMA. The same contract, the same
+// expert-sorted rows and the same worst-case grid rule as moe_gemm_s / moe_gemm_l, with tiles of
+// 128 rows × 128 columns: 2 warpgroups (256 threads), warpgroup w computing rows 64w .. 64w+63
+// with wgmma.mma_async m64n128k16 (both operands from shared memory, 128-byte swizzle: 16-byte
+// chunk c of row r at c ^ (r & 7) — moe_gemm_impl's own layout, so the loader is the same),
+// MOE_W_STAGES-deep cp.async pipeline of 64-wide k blocks.
+//
+// Bits: each output is one fp32 accumulator fed k16 steps of 16 consecutive k in ascending k —
+// the chain moe_gemm_s / moe_gemm_l run with mma.sync m16n8k16 — and one wgmma k16 step rounds
+// as one mma.sync step on the same 16 k (packs/kernels/verify/k16_probe: 0 of 81,920 trials
+// differ on the H200). So a row's bits equal moe_gemm_s's, whatever the tile.
+#define MOE_W_BM 128
+#define MOE_W_BN 128
+#define MOE_W_STAGES 4
+#define MOE_W_TILE_BYTES (128 * MOE_BK * 2)                             // one operand tile of a stage
+#define MOE_W_SMEM_BYTES (MOE_W_STAGES * 2 * MOE_W_TILE_BYTES + MOE_MAX_EXPERTS * 4 + MOE_W_BM * 4)
+
+#ifdef KERN_HOST_EMU
+// The PTX ISA's wgmma m64n128k16 (bf16 in, fp32 accumulate, K-major operands from shared memory
+// with the 128-byte swizzle, scale-d 1), for thread threadIdx.x % 128 of the warpgroup, decoded from
+// the tile bases (1024-aligned) as the descriptors would give them, not from the loader: element
+// (r, k) of a tile is at byte a = (r / 8)·1024 + (r % 8)·128 + 2k, stored at a ^ (((a >> 7) & 7) << 4).
+// One k16 step: fp32(d + the 16 products summed in double), as emu.h's mma.sync.
+static uint16_t moe_w_elem(const bf16* tile, int r, int k) {
+    const uint32_t a = (uint32_t)(r / 8) * 1024u + (uint32_t)(r % 8) * 128u + (uint32_t)k * 2u;
+    const uint32_t p = a ^ (((a >> 7) & 7u) << 4);
+    uint16_t v;
+    std::memcpy(&v, reinterpret_cast<const unsigned char*>(tile) + p, 2);
+    return v;
+}
+static void moe_w_k16(float* d, const bf16* As, const bf16* Bs, int kk) {
+    const int t = threadIdx.x & 127, w = t / 32, lane = t & 31, g = lane / 4, q = lane % 4;
+    for (int j = 0; j < MOE_W_BN / 8; ++j)
+        for (int i = 0; i < 4; ++i) {
+            const int r = 16 * w + g + ((i & 2) ? 8 : 0), c = 8 * j + 2 * q + (i & 1);
+            double acc = d[4 * j + i];
+            for (int k = 0; k < 16; ++k)
+                acc += (double)kern_emu_bf16_half(moe_w_elem(As, r, 16 * kk + k), 0) * (double)kern_emu_bf16_half(moe_w_elem(Bs, c, 16 * kk + k), 0);
+            d[4 * j + i] = (float)acc;
+        }
+}
+static void moe_w_fence() {}
+static void moe_w_commit() {}
+template <int N>
+static void moe_w_wait() {}
+#else
+static __device__ __forceinline__ uint64_t moe_w_desc(const void* p) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
+    return (uint64_t)((s & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+static __device__ __forceinline__ void moe_w_k16(float* d, const bf16* As, const bf16* Bs, int kk) {
+    kgemm::wgmma_m64n128k16(d, moe_w_desc(reinterpret_cast<const unsigned char*>(As) + kk * 32),
+                            moe_w_desc(reinterpret_cast<const unsigned char*>(Bs) + kk * 32));
+}
+static __device__ __forceinline__ void moe_w_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void moe_w_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void moe_w_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+#endif
+// Keeps the compiler from moving accumulator reads / writes across wgmma issue and wait points.
+template <int NR>
+static __device__ __forceinline__ void moe_w_fence_acc(float* d) {
+#ifndef KERN_HOST_EMU
+#pragma unroll
+    for (int i = 0; i < NR; ++i) asm volatile("" : "+f"(d[i])::"memory");
+#endif
+}
+
+// grid [worst-case 128-row tiles, ceil(N / 128)], block [256], dynamic shared MOE_W_SMEM_BYTES +
+// 1024 (the stage tiles are aligned to 1024 bytes inside it, as the 128-byte swizzle needs).
+extern "C" __global__ void __launch_bounds__(256, 1)
+moe_gemm_w(const bf16* __restrict__ x, const bf16* __restrict__ W, bf16* __restrict__ y, const int* __restrict__ offsets,
+           const int* __restrict__ sorted, int n, int N, int K, int E, int topk, int gather) {
+    KERN_PDL_WAIT();
+#ifdef KERN_HOST_EMU
+    alignas(1024) static unsigned char smem_emu[MOE_W_SMEM_BYTES];
+    unsigned char* base = smem_emu;
+#else
+    extern __shared__ __align__(16) unsigned char moe_w_dyn_smem_[];
+    {
+        uint32_t dyn;
+        asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < MOE_W_SMEM_BYTES + 1024) __trap();
+    }
+    const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(moe_w_dyn_smem_);
+    unsigned char* base = moe_w_dyn_smem_ + ((1024u - (s0 & 1023u)) & 1023u);
+#endif
+    bf16* sa = reinterpret_cast<bf16*>(base);                                    // [STAGES][128 * 64]
+    bf16* sb = reinterpret_cast<bf16*>(base + MOE_W_STAGES * MOE_W_TILE_BYTES);  // [STAGES][128 * 64]
+    int* tile_end = reinterpret_cast<int*>(base + 2 * MOE_W_STAGES * MOE_W_TILE_BYTES);
+    int* arow = tile_end + MOE_MAX_EXPERTS;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
+    if (E < 1 || E > MOE_MAX_EXPERTS) __trap();
+
+    // ---- this CTA's expert and rows (moe_gemm_impl's scan, 128-row tiles)
+    if (warp == 0) {
+        int carry = 0;
+        for (int b0 = 0; b0 < E; b0 += 32) {
+            const int e = b0 + lane;
+            const int c = e < E ? offsets[e + 1] - offsets[e] : 0;
+            int incl = (c + MOE_W_BM - 1) / MOE_W_BM;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int u = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += u;
+            }
+            if (e < E) tile_end[e] = carry + incl;
+            carry += __shfl_sync(0xffffffffu, incl, 31);
+        }
+    }
+    __syncthreads();
+    const int tile = blockIdx.x;
+    if (tile >= tile_end[E - 1]) return;  // CTA-uniform
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (tile_end[mid] > tile) hi = mid;
+        else lo = mid + 1;
+    }
+    const int e = lo;
+    const int first_tile = e > 0 ? tile_end[e - 1] : 0;
+    const int row0 = offsets[e] + (tile - first_tile) * MOE_W_BM;
+    const int rows = min(MOE_W_BM, offsets[e + 1] - row0);
+    const int n0 = blockIdx.y * MOE_W_BN;
+    for (int i = tid; i < MOE_W_BM; i += 256) arow[i] = i < rows ? (gather ? sorted[row0 + i] / topk : row0 + i) : -1;
+    __syncthreads();
+
+    const bf16* We = W + (size_t)e * N * K;
+    const int nk = (K + MOE_BK - 1) / MOE_BK;
+    auto sw = [](int r, int c) { return r * MOE_BK + ((c ^ (r & 7)) << 3); };
+    // 128 rows × 8 chunks of 16 bytes per operand: 4 copies of each per thread.
+    auto load = [&](int stage, int kb) {
+        const int k0 = kb * MOE_BK;
+        bf16* As = sa + stage * (MOE_W_BM * MOE_BK);
+        bf16* Bs = sb + stage * (MOE_W_BN * MOE_BK);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int q = tid + i * 256, r = q >> 3, c = q & 7;
+            const int src = arow[r];
+            const bool ok = src >= 0 && k0 + c * 8 < K;
+            moe_cp_async16(&As[sw(r, c)], ok ? x + (size_t)src * K + k0 + c * 8 : x, ok);
+            const bool okb = n0 + r < N && k0 + c * 8 < K;
+            moe_cp_async16(&Bs[sw(r, c)], okb ? We + (size_t)(n0 + r) * K + k0 + c * 8 : We, okb);
+        }
+    };
+
+    float acc[MOE_W_BN / 2];
+#pragma unroll
+    for (int i = 0; i < MOE_W_BN / 2; ++i) acc[i] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < MOE_W_STAGES - 2; ++s) {
+        if (s < nk) load(s, s);
+        moe_cp_commit();
+    }
+    for (int kb = 0; kb < nk; ++kb) {
+        moe_cp_wait<MOE_W_STAGES - 3>();  // this thread's copies of block kb have landed
+#ifndef KERN_HOST_EMU
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // ... visible to wgmma
+#endif
+        __syncthreads();  // everyone's; wgmma kb - 2 done in both warpgroups (it waited below)
+        {
+            const int nxt = kb + MOE_W_STAGES - 2;
+            if (nxt < nk) load(nxt % MOE_W_STAGES, nxt);
+            moe_cp_commit();
+        }
+        const bf16* As = sa + (kb % MOE_W_STAGES) * (MOE_W_BM * MOE_BK) + wg * 64 * MOE_BK;
+        const bf16* Bs = sb + (kb % MOE_W_STAGES) * (MOE_W_BN * MOE_BK);
+        moe_w_fence_acc<MOE_W_BN / 2>(acc);
+        moe_w_fence();
+#pragma unroll
+        for (int kk = 0; kk < MOE_BK / 16; ++kk) moe_w_k16(acc, As, Bs, kk);
+        moe_w_commit();
+        moe_w_wait<1>();
+        moe_w_fence_acc<MOE_W_BN / 2>(acc);
+    }
+    moe_w_wait<0>();
+    moe_w_fence_acc<MOE_W_BN / 2>(acc);
+    moe_cp_wait<0>();
+
+    // ---- store: warp wq of the warpgroup owns rows 16wq .. 16wq+15; acc[4j + {0,1}] = (row g,
+    // cols 8j + 2q + {0,1}), acc[4j + {2,3}] = (row g + 8, same cols)
+    const int g = lane >> 2, q4 = lane & 3, wq = warp & 3;
+#pragma unroll
+    for (int j = 0; j < MOE_W_BN / 8; ++j) {
+        const int col = n0 + 8 * j + 2 * q4;
+        if (col >= N) continue;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = wg * 64 + wq * 16 + g + 8 * h;
+            if (r < rows)
+                *reinterpret_cast<__nv_bfloat162*>(y + (size_t)(row0 + r) * N + col) =
+                    __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+    }
 }
 
 // ================================================================== combine

@@ -93,6 +93,9 @@ pub struct PackOptions {
     /// The MoE router logits' dtype (`--router-logits`, MoE families only; [`crate::moe`]):
     /// bf16 (the default) or f32 (the router GEMM's `_f32out` entries, `moe_topk_f32`).
     pub router_logits: crate::moe::RouterLogits,
+    /// The MoE prefill grouped GEMM (`--moe-gemm`, [`crate::moe::MoeGemm`]): `moe_gemm_w`
+    /// (wgmma, the default) or `moe_gemm_l` (mma.sync); the same bits.
+    pub moe_gemm: crate::moe::MoeGemm,
     /// Batch-invariant program (`--batch-invariant`, issue 29, docs/batch-invariance.md): every
     /// projection gives a row the GEMV family's bits at every step size (`gemv_bf16`,
     /// `gemm_bf16_m16`, the wide `gemm_bf16_w32` / `w64` up to 64 rows, `gemm_bf16_wgmma_gv` — the
@@ -125,6 +128,7 @@ impl Default for PackOptions {
             fp8: Default::default(),
             gdn_state: Default::default(),
             router_logits: Default::default(),
+            moe_gemm: Default::default(),
             batch_invariant: false,
         }
     }

@@ -11,9 +11,9 @@
 //! |---|---|---|---|
 //! | `lL.router` | `moe_router` | the dense GEMMs (`gemm_launches`, N = E) | `moe_logits` [tokens, E] bf16 |
 //! | `lL.moe_select` | `moe_select` | `moe_topk` (one warp per token: softmax fp32, top-k, renorm), then `moe_route` (one CTA: counts, offsets, stable permutation); steps of ≤ 64 tokens: both in one launch, `moe_topk_route` | `moe_ids`, `moe_w` [tokens, k]; `moe_offsets` [E+1], `moe_sorted`, `moe_pos` [tokens·k] |
-//! | `lL.experts_gate_up` | `moe_gate_up` | `moe_gemm_s` / `moe_gemm_l` (grouped, rows gathered) | `moe_gate_up` [tokens·k, 2I] |
+//! | `lL.experts_gate_up` | `moe_gate_up` | `moe_gemm_s` / `moe_gemm_w` (grouped, rows gathered) | `moe_gate_up` [tokens·k, 2I] |
 //! | `lL.experts_swiglu` | `moe_swiglu` | rowwise `swiglu` over tokens·k rows | `moe_act` [tokens·k, I] |
-//! | `lL.experts_down` | `moe_down` | `moe_gemm_s` / `moe_gemm_l` | `moe_y` [tokens·k, H] |
+//! | `lL.experts_down` | `moe_down` | `moe_gemm_s` / `moe_gemm_w` | `moe_y` [tokens·k, H] |
 //! | `lL.moe_combine` | `moe_combine` | `moe_combine` (fixed order: ascending expert id) | `mlp` [tokens, H] |
 //!
 //! Every grid is a var expression sized for the worst case the router can produce (idle CTAs
@@ -40,9 +40,51 @@ pub const BN_L: u64 = 128;
 /// 64 × 64 x tile and a 128 × 64 weight tile, bf16, then the per-expert tile ends and the
 /// tile's 64 row indices; KERNELS.md).
 pub const SMEM_L: u64 = 3 * (64 + 128) * 64 * 2 + MAX_EXPERTS * 4 + 64 * 4;
-/// Steps of at most this many tokens run `moe_gemm_s`, larger ones `moe_gemm_l`. Both chain
-/// the same MMAs per output element, so the choice never changes a bit (batch invariance).
+/// Rows per tile and output columns per CTA of the wgmma grouped GEMM `moe_gemm_w` (prefill).
+pub const TILE_W: u64 = 128;
+pub const BN_W: u64 = 128;
+/// Dynamic shared memory of `moe_gemm_w` (moe.cu's MOE_W_SMEM_BYTES + 1024 for its 1024-byte
+/// alignment: 4 stages of a 128 × 64 x tile and a 128 × 64 weight tile, bf16, the tile ends, the
+/// 128 row indices).
+pub const SMEM_W: u64 = 4 * 2 * 128 * 64 * 2 + MAX_EXPERTS * 4 + 128 * 4 + 1024;
+/// Steps of at most this many tokens run `moe_gemm_s`, larger ones `moe_gemm_w` (or
+/// `moe_gemm_l`, `--moe-gemm mma`). All chain the same k16 steps per output element, so the
+/// choice never changes a bit (batch invariance).
 pub const SMALL_MAX_TOKENS: u64 = 64;
+
+/// The prefill grouped GEMM (`kern pack --moe-gemm`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MoeGemm {
+    /// `moe_gemm_w` (the default): wgmma, 128 × 128 tiles.
+    #[default]
+    Wgmma,
+    /// `moe_gemm_l`: mma.sync, 64 × 128 tiles (what every pack ran before `moe_gemm_w`).
+    Mma,
+}
+
+/// The values `--moe-gemm` takes.
+pub const MOE_GEMM_KINDS: &str = "wgmma (the default: moe_gemm_w), mma (moe_gemm_l)";
+
+impl std::str::FromStr for MoeGemm {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "wgmma" => Ok(MoeGemm::Wgmma),
+            "mma" => Ok(MoeGemm::Mma),
+            _ => Err(format!("unknown MoE GEMM `{s}`: supported: {MOE_GEMM_KINDS}")),
+        }
+    }
+}
+
+impl std::fmt::Display for MoeGemm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MoeGemm::Wgmma => "wgmma",
+            MoeGemm::Mma => "mma",
+        })
+    }
+}
 
 /// A model's mixture-of-experts layers (Hugging Face `Qwen3MoeConfig`'s keys).
 #[derive(Clone, Debug, PartialEq)]
@@ -113,6 +155,9 @@ pub fn check(cfg: &Config, opts: &PackOptions) -> Result<(), String> {
     if cfg.moe.is_none() {
         if opts.router_logits != RouterLogits::Bf16 {
             return Err(format!("--router-logits {}: {} has no mixture-of-experts router (the option is for qwen3_moe and qwen3_next); leave it out", opts.router_logits, cfg.model_type));
+        }
+        if opts.moe_gemm != MoeGemm::Wgmma {
+            return Err(format!("--moe-gemm {}: {} has no mixture-of-experts layer (the option is for qwen3_moe and qwen3_next); leave it out", opts.moe_gemm, cfg.model_type));
         }
         return Ok(());
     }
@@ -193,18 +238,22 @@ fn within(lo: u64, hi: Option<u64>) -> String {
 /// tokens·k): `moe_gemm_s` up to [`SMALL_MAX_TOKENS`] tokens, `moe_gemm_l` above (only the
 /// ranges the var reaches). `gather`: A's row r is x's row `moe_sorted[r] / k` (the gate-up
 /// GEMM reads h in token order), else row r itself (the down GEMM reads the sorted act).
-fn grouped_gemm(m: &crate::moe::MoeSpec, n: u64, k: u64, gather: bool, max_tokens: u64) -> Vec<Value> {
+fn grouped_gemm(m: &crate::moe::MoeSpec, n: u64, k: u64, gather: bool, max_tokens: u64, large: MoeGemm) -> Vec<Value> {
     let (e, topk) = (m.num_experts, m.top_k);
     let launch = |entry: &str, tile: u64, bn: u64, shared: u64, gate: String| {
+        let block = if entry == "moe_gemm_w" { 256 } else { 128 };
         // The worst case of Σ_e ceil(count_e / tile): floor(P / tile) + min(E, P).
         json!({"module": MODULE, "entry": entry,
                "params": ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "in buffer<i32>", "in buffer<i32>", "i32", "i32", "i32", "i32", "i32", "i32"],
-               "block": [128], "grid": [format!("(tokens * {topk} / {tile} + min({e}, tokens * {topk})) * {gate}"), format!("ceil({n}/{bn})")], "shared": shared,
+               "block": [block], "grid": [format!("(tokens * {topk} / {tile} + min({e}, tokens * {topk})) * {gate}"), format!("ceil({n}/{bn})")], "shared": shared,
                "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"param": 5}, {"i32": n}, {"i32": k}, {"i32": e}, {"i32": topk}, {"i32": i32::from(gather)}]})
     };
     let mut out = vec![launch("moe_gemm_s", TILE_S, BN_S, 0, within(1, Some(SMALL_MAX_TOKENS)))];
     if max_tokens > SMALL_MAX_TOKENS {
-        out.push(launch("moe_gemm_l", TILE_L, BN_L, SMEM_L, within(SMALL_MAX_TOKENS + 1, None)));
+        out.push(match large {
+            MoeGemm::Wgmma => launch("moe_gemm_w", TILE_W, BN_W, SMEM_W, within(SMALL_MAX_TOKENS + 1, None)),
+            MoeGemm::Mma => launch("moe_gemm_l", TILE_L, BN_L, SMEM_L, within(SMALL_MAX_TOKENS + 1, None)),
+        });
     }
     out
 }
@@ -305,8 +354,8 @@ pub fn extend(cfg: &Config, opts: &PackOptions, b: &mut Map<String, Value>, ops:
     o.insert("moe_select".into(), json!({"params": [logits_in, "out buffer<i32>", "out buffer<f32>", "out buffer<i32>", "out buffer<i32>", "out buffer<i32>", "i32"],
         "impl": {"launches": select}}));
     let grouped = ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "in buffer<i32>", "in buffer<i32>", "i32"];
-    o.insert("moe_gate_up".into(), json!({"params": grouped, "impl": {"launches": grouped_gemm(m, 2 * i, h, true, opts.max_tokens)}}));
-    o.insert("moe_down".into(), json!({"params": grouped, "impl": {"launches": grouped_gemm(m, h, i, false, opts.max_tokens)}}));
+    o.insert("moe_gate_up".into(), json!({"params": grouped, "impl": {"launches": grouped_gemm(m, 2 * i, h, true, opts.max_tokens, opts.moe_gemm)}}));
+    o.insert("moe_down".into(), json!({"params": grouped, "impl": {"launches": grouped_gemm(m, h, i, false, opts.max_tokens, opts.moe_gemm)}}));
     // rowwise's swiglu over the tokens·k sorted rows: its row bound is the buffer's (the grid
     // stops at the step's rows), so the op needs no count.
     o.insert("moe_swiglu".into(), json!({"params": ["out buffer<bf16>", "in buffer<bf16>"], "impl": {"launches": [{

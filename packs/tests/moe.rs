@@ -51,13 +51,13 @@ fn moe_presets_pass_kern_check_with_the_moe_block_in_moe_layers() {
         assert_eq!(m.op("gate_up_proj").is_some(), dense, "{name}");
         assert_eq!(m.buffer("gate_up").is_some(), dense, "{name}");
         // Exactly one grouped GEMM launch (two copies under --pdl-small-steps: one per side of
-        // 8 tokens) runs at every step size: moe_gemm_s up to 64 tokens, moe_gemm_l above.
+        // 8 tokens) runs at every step size: moe_gemm_s up to 64 tokens, moe_gemm_w above.
         for tokens in [1i64, 2, 8, 9, 63, 64, 65, 300, max_tokens as i64] {
             if tokens > max_tokens as i64 {
                 continue;
             }
             for op in ["moe_gate_up", "moe_down"] {
-                let want = if tokens <= 64 { "moe_gemm_s" } else { "moe_gemm_l" };
+                let want = if tokens <= 64 { "moe_gemm_s" } else { "moe_gemm_w" };
                 assert_eq!(live(&m, op, tokens), [want], "{name} {op} tokens={tokens}");
             }
             // Routing: top-k and the permutation in one launch up to 64 tokens, two above.
@@ -70,6 +70,16 @@ fn moe_presets_pass_kern_check_with_the_moe_block_in_moe_layers() {
         let op = &m.ops[m.op("moe_gate_up").unwrap().0];
         let s = op.launches.iter().find(|l| l.entry == "moe_gemm_s").unwrap();
         assert_eq!(s.grid[0].eval(&vars).unwrap(), (moe.top_k / 16 + moe.top_k.min(moe.num_experts)) as i64, "{name}: batch 1 has k tiles");
+        // moe_gemm_w: 256 threads, 128-row tiles, its shared bytes; at the largest step the
+        // worst routing's tiles.
+        let w = op.launches.iter().find(|l| l.entry == "moe_gemm_w");
+        assert_eq!(w.is_some(), max_tokens > 64, "{name} max_tokens {max_tokens}: moe_gemm_w only where a step can exceed 64 tokens");
+        if let Some(w) = w {
+            assert_eq!((w.block[0].eval(&vars).unwrap(), w.shared.eval(&vars).unwrap()), (256, kern_packs::moe::SMEM_W as i64), "{name}");
+            vars[m.var("tokens").unwrap().0] = max_tokens as i64;
+            let p = max_tokens as i64 * moe.top_k as i64;
+            assert_eq!(w.grid[0].eval(&vars).unwrap(), p / 128 + p.min(moe.num_experts as i64), "{name}: worst-case 128-row tiles");
+        }
         // Expert weights: [E·2I, H] and [E·H, I] concatenated from per-expert tensors.
         let gu = m.buffer("model.layers.3.mlp.experts.gate_up_proj.weight").unwrap();
         let shape = m.shape(gu, &m.vars_at_max()).unwrap();
@@ -285,4 +295,25 @@ fn router_logits_f32_is_an_fp32_router_gemm_and_top_k() {
     let opts = PackOptions { kernels: kernels(), router_logits: kern_packs::moe::RouterLogits::F32, ..Default::default() };
     let e = generate(&preset("qwen3-0.6b").unwrap(), &opts, &dir.path().join("dense")).unwrap_err().to_string();
     assert!(e.contains("--router-logits f32") && e.contains("no mixture-of-experts router"), "{e}");
+}
+
+/// `--moe-gemm mma`: prefill steps run `moe_gemm_l` (mma.sync, 64-row tiles, 128 threads) instead
+/// of the default `moe_gemm_w`; decode steps run `moe_gemm_s` either way; both manifests pass
+/// `kern check` against the real cubins; a dense model refuses the option by name.
+#[test]
+fn moe_gemm_mma_keeps_the_mma_sync_prefill_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = preset("qwen3-moe-small").unwrap();
+    for (kind, want) in [(kern_packs::moe::MoeGemm::Wgmma, "moe_gemm_w"), (kern_packs::moe::MoeGemm::Mma, "moe_gemm_l")] {
+        let opts = PackOptions { kernels: kernels(), max_tokens: 256, moe_gemm: kind, ..Default::default() };
+        let m = load(&generate(&cfg, &opts, &dir.path().join(kind.to_string())).unwrap(), &CheckOptions::default()).unwrap_or_else(|d| panic!("{kind}: {d}"));
+        for op in ["moe_gate_up", "moe_down"] {
+            assert_eq!(live(&m, op, 64), ["moe_gemm_s"], "{kind} {op}");
+            assert_eq!(live(&m, op, 65), [want], "{kind} {op}");
+            assert_eq!(live(&m, op, 256), [want], "{kind} {op}");
+        }
+    }
+    let opts = PackOptions { kernels: kernels(), moe_gemm: kern_packs::moe::MoeGemm::Mma, ..Default::default() };
+    let e = generate(&preset("qwen3-0.6b").unwrap(), &opts, &dir.path().join("dense")).unwrap_err().to_string();
+    assert!(e.contains("--moe-gemm mma") && e.contains("no mixture-of-experts layer"), "{e}");
 }

@@ -55,10 +55,11 @@ python3 -c "import torch, transformers, numpy, safetensors; assert torch.cuda.is
 mkdir -p "$W" "$R/logs"
 log "GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -n 1); transformers $(python3 -c 'import transformers; print(transformers.__version__)'); sections: $SECTIONS"
 
-# PACK_ARGS: extra `kern pack` arguments of the parity and routing sections (e.g.
-# PACK_ARGS="--router-logits f32", docs/moe.md).
+# PACK_ARGS: extra `kern pack` arguments of every section's packs (e.g. PACK_ARGS="--router-logits
+# f32" or "--moe-gemm mma", docs/moe.md).
 PACK_EXTRA=()
 for x in ${PACK_ARGS:-}; do PACK_EXTRA+=("--pack-arg=$x"); done
+read -r -a PACK_RAW <<<"${PACK_ARGS:-}"
 # PARITY_ARGS: extra scripts/gpu/parity.py arguments of the parity section, e.g.
 # PARITY_ARGS=--forced-routing with PACK_ARGS=--batch-invariant: both references also routed to
 # kern's own experts (docs/moe.md, "Parity given kern's routing").
@@ -109,10 +110,10 @@ fi
 if has bench; then
   mkdir -p "$R/bench" "$B-prefill"
   rm -f "$R"/bench/*.json "$R"/bench/*.err
-  "$K" pack --config "$B/config.json" -o "$B" --kernels "$KD" --max-tokens 2048 --max-seqs 64 --max-context 4096 </dev/null >"$R/logs/pack.log" 2>&1 \
+  "$K" pack --config "$B/config.json" -o "$B" --kernels "$KD" --max-tokens 2048 --max-seqs 64 --max-context 4096 ${PACK_RAW[@]+"${PACK_RAW[@]}"} </dev/null >"$R/logs/pack.log" 2>&1 \
     || die "kern pack (decode) failed: see $R/logs/pack.log"
   for f in "$B"/*.safetensors "$B"/*.safetensors.index.json; do [[ -e $f ]] && ln -sf "$(realpath "$f")" "$B-prefill/"; done
-  "$K" pack --config "$B/config.json" -o "$B-prefill" --kernels "$KD" --max-tokens 8192 --max-seqs 8 --max-context 8448 </dev/null >"$R/logs/pack-prefill.log" 2>&1 \
+  "$K" pack --config "$B/config.json" -o "$B-prefill" --kernels "$KD" --max-tokens 8192 --max-seqs 8 --max-context 8448 ${PACK_RAW[@]+"${PACK_RAW[@]}"} </dev/null >"$R/logs/pack-prefill.log" 2>&1 \
     || die "kern pack (prefill) failed: see $R/logs/pack-prefill.log"
   bench() {  # bench NAME DIR ARGS...: kern bench --json into $R/bench/NAME.json, or NAME.json.err
     local name=$1 dir=$2 rc=0

@@ -138,6 +138,11 @@ pub struct Args {
     /// logits; docs/moe.md)
     #[arg(long, value_name = "DTYPE", default_value = "bf16")]
     router_logits: kern_packs::moe::RouterLogits,
+    /// Mixture-of-experts models: the grouped GEMM of prefill steps (above 64 tokens), `wgmma`
+    /// (the default: moe_gemm_w, 128 × 128 tiles on warpgroup MMA) or `mma` (moe_gemm_l, 64 × 128
+    /// tiles on mma.sync). Both give every row the bits of the decode kernel moe_gemm_s (docs/moe.md)
+    #[arg(long, value_name = "KIND", default_value = "wgmma")]
+    moe_gemm: kern_packs::moe::MoeGemm,
 }
 
 /// `on` / `off` as a bool (clap value parser).
@@ -183,6 +188,7 @@ fn options(args: &Args) -> kern_packs::PackOptions {
         fp8: kern_packs::fp8::Fp8Options { prefill: args.fp8_prefill, ..Default::default() },
         gdn_state: args.gdn_state,
         router_logits: args.router_logits,
+        moe_gemm: args.moe_gemm,
         batch_invariant: args.batch_invariant,
     }
 }

@@ -279,14 +279,17 @@ void test_topk_f32(int n, int E, int K, bool norm) {
 }
 
 // ------------------------------------------------------------------ grouped GEMM
-// y[P, N] for expert-sorted rows; `large`: moe_gemm_l, else moe_gemm_s; the manifest's grid.
+// y[P, N] for expert-sorted rows; `large`: moe_gemm_l, else moe_gemm_s; `wg`: moe_gemm_w (128-row
+// tiles on the emulated wgmma, 256 threads); the manifest's grid.
 std::vector<uint16_t> run_gemm(bool large, std::vector<uint16_t>& x, std::vector<uint16_t>& W, Route& r, int n, int N, int K, int E, int topk,
-                               bool gather) {
-    const int P = n * topk, tile = large ? 64 : 16, bn = large ? 128 : 64;
+                               bool gather, bool wg = false) {
+    const int P = n * topk, tile = wg ? MOE_W_BM : large ? 64 : 16, bn = wg ? MOE_W_BN : large ? 128 : 64;
     std::vector<uint16_t> y((size_t)P * N, BF_NAN);
     const unsigned gx = (unsigned)(P / tile + std::min(E, P)), gy = (unsigned)((N + bn - 1) / bn);
-    emu_launch({gx, gy, 1}, 128, [&] {
-        if (large)
+    emu_launch({gx, gy, 1}, wg ? 256 : 128, [&] {
+        if (wg)
+            moe_gemm_w(B(x), B(W), B(y), r.offsets.data(), r.sorted.data(), n, N, K, E, topk, gather ? 1 : 0);
+        else if (large)
             moe_gemm_l(B(x), B(W), B(y), r.offsets.data(), r.sorted.data(), n, N, K, E, topk, gather ? 1 : 0);
         else
             moe_gemm_s(B(x), B(W), B(y), r.offsets.data(), r.sorted.data(), n, N, K, E, topk, gather ? 1 : 0);
@@ -326,7 +329,9 @@ void test_gemm(int n, int E, int topk, int N, int K, bool gather, bool skew) {
     for (auto& v : W) v = bf(normal(0.05f));
     auto ys = run_gemm(false, x, W, r, n, N, K, E, topk, gather);
     auto yl = run_gemm(true, x, W, r, n, N, K, E, topk, gather);
+    auto yw = run_gemm(true, x, W, r, n, N, K, E, topk, gather, true);
     const double es = gemm_err(ys, x, W, r, ids, P, N, K, topk, gather), el = gemm_err(yl, x, W, r, ids, P, N, K, topk, gather);
+    const double ew = gemm_err(yw, x, W, r, ids, P, N, K, topk, gather);
     // batch invariance: the first m tokens alone give their pairs' rows the same bits
     const int m = std::max(1, n / 3);
     std::vector<int> ids_m(ids.begin(), ids.begin() + (size_t)m * topk);
@@ -339,10 +344,10 @@ void test_gemm(int n, int E, int topk, int N, int K, bool gather, bool skew) {
     auto ym = run_gemm(false, xm, W, rm, m, N, K, E, topk, gather);
     bool inv = true;
     for (int p = 0; p < m * topk; ++p) inv &= std::equal(&ym[(size_t)rm.pos[p] * N], &ym[(size_t)rm.pos[p] * N + N], &yl[(size_t)r.pos[p] * N]);
-    char msg[220];
-    std::snprintf(msg, sizeof msg, "gemm n=%d E=%d k=%d N=%d K=%d gather=%d%s: err/bound s %.3f l %.3f, s and l bit-identical %s, %d-token step's rows identical %s",
-                  n, E, topk, N, K, (int)gather, skew ? " skewed" : "", es, el, ys == yl ? "yes" : "NO", m, inv ? "yes" : "NO");
-    report(es <= 1 && el <= 1 && ys == yl && inv, msg);
+    char msg[260];
+    std::snprintf(msg, sizeof msg, "gemm n=%d E=%d k=%d N=%d K=%d gather=%d%s: err/bound s %.3f l %.3f w %.3f, s = l = w bit-identical %s, %d-token step's rows identical %s",
+                  n, E, topk, N, K, (int)gather, skew ? " skewed" : "", es, el, ew, ys == yl && ys == yw ? "yes" : "NO", m, inv ? "yes" : "NO");
+    report(es <= 1 && el <= 1 && ew <= 1 && ys == yl && ys == yw && inv, msg);
 }
 
 // ------------------------------------------------------------------ combine and the whole block
@@ -466,6 +471,7 @@ int main() {
     test_gemm(37, 6, 3, 200, 40, false, false);
     test_gemm(70, 6, 2, 80, 200, true, true);   // one expert holds every token: several tiles
     test_gemm(90, 8, 2, 136, 72, false, false);
+    test_gemm(150, 6, 2, 136, 200, true, true);  // one expert, 150 rows: two 128-row tiles of moe_gemm_w
     test_combine(6, 16, 4, 200);
     test_combine(3, 128, 8, 36);  // H % 8 != 0: the scalar path
     test_block(3, 16, 4, 64, 32, true);
