@@ -948,7 +948,35 @@ def moe_blocks(model):
     return out
 
 
-class RoutingCapture:
+class GateHooks:
+    """Forward hooks on every MoE gate of moe_blocks(model) while the context is entered; a
+    subclass gives `_hook(layer, k)` and `_reset()` (run on exit)."""
+
+    def __init__(self, model):
+        self.blocks = moe_blocks(model)
+        self.handles = []
+
+    @staticmethod
+    def gate_logits(mod, args, kwargs):
+        """The router logits a gate computes from its input: F.linear(h, W) in the model's dtype."""
+        import torch.nn.functional as F
+        w = mod.weight
+        h = args[0] if args else next(iter(kwargs.values()))
+        return F.linear(h.reshape(-1, w.shape[1]), w, getattr(mod, "bias", None))
+
+    def __enter__(self):
+        for layer, _, gate, k in self.blocks:
+            self.handles.append(gate.register_forward_hook(self._hook(layer, k), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self._reset()
+
+
+class RoutingCapture(GateHooks):
     """Forward hooks on every MoE gate of moe_blocks(model) while a sequence runs: per layer,
     router_stats of the router logits (F.linear of the gate's input and weight, in the model's
     dtype, as transformers computes them; or the gate's output where the gate is a plain Linear)
@@ -956,8 +984,11 @@ class RoutingCapture:
     softmax as transformers 4's block does). Only the stats leave the GPU's [T, experts] logits."""
 
     def __init__(self, model):
-        self.blocks = moe_blocks(model)
-        self.current, self.handles, self.errors = None, [], []
+        super().__init__(model)
+        self.current, self.errors = None, []
+
+    def _reset(self):
+        self.current = None
 
     def _hook(self, layer, k):
         def hook(mod, args, kwargs, output):
@@ -971,13 +1002,10 @@ class RoutingCapture:
 
     def _capture(self, layer, k, mod, args, kwargs, output):
         import torch
-        import torch.nn.functional as F
-        w = mod.weight
         if isinstance(mod, torch.nn.Linear) and isinstance(output, torch.Tensor):  # the logits themselves
-            logits = output.reshape(-1, w.shape[0])
+            logits = output.reshape(-1, mod.weight.shape[0])
         else:
-            h = args[0] if args else next(iter(kwargs.values()))
-            logits = F.linear(h.reshape(-1, w.shape[1]), w, getattr(mod, "bias", None))
+            logits = self.gate_logits(mod, args, kwargs)
         chosen = None
         if isinstance(output, (tuple, list)):
             for x in output:
@@ -988,19 +1016,8 @@ class RoutingCapture:
             chosen = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float), k, dim=-1).indices
         self.current[layer] = router_stats(logits.float().cpu().numpy(), k, chosen.cpu().numpy())
 
-    def __enter__(self):
-        for layer, _, gate, k in self.blocks:
-            self.handles.append(gate.register_forward_hook(self._hook(layer, k), with_kwargs=True))
-        return self
 
-    def __exit__(self, *exc):
-        for h in self.handles:
-            h.remove()
-        self.handles = []
-        self.current = None
-
-
-class ForcedRouting:
+class ForcedRouting(GateHooks):
     """Forward hooks on every MoE gate of moe_blocks(model) that route each position to given
     experts: the gate's returned indices [T, k] are replaced by the forced ones and its returned
     weights by the model's own probabilities of those experts (softmax in fp32 of the router
@@ -1012,14 +1029,17 @@ class ForcedRouting:
     once with T positions."""
 
     def __init__(self, model):
-        self.blocks = moe_blocks(model)
+        super().__init__(model)
         if not self.blocks:
             raise ValueError("forced routing: the model has no sparse-MoE block")
         cfg = getattr(model, "config", None)
         get_text = getattr(cfg, "get_text_config", None)
         tcfg = get_text() if callable(get_text) else cfg
         self.norm_cfg = bool(getattr(tcfg, "norm_topk_prob", False))
-        self.routes, self.t, self.fired, self.handles = None, None, set(), []
+        self.routes, self.t, self.fired = None, None, set()
+
+    def _reset(self):
+        self.routes = None
 
     def set(self, routes, t):
         missing = [l for l, _, _, _ in self.blocks if l not in routes]
@@ -1040,7 +1060,6 @@ class ForcedRouting:
 
     def _force(self, layer, k, mod, args, kwargs, output):
         import torch
-        import torch.nn.functional as F
         if self.routes is None:
             return None
         if not isinstance(output, (tuple, list)):
@@ -1057,10 +1076,7 @@ class ForcedRouting:
         if forced.shape[0] != idx.reshape(-1, k).shape[0] or forced.shape[0] != self.t:
             raise RuntimeError(f"forced routing: layer {layer}: {forced.shape[0]} forced rows, the gate routed "
                                f"{idx.reshape(-1, k).shape[0]} positions of {self.t}")
-        w = mod.weight
-        h = args[0] if args else next(iter(kwargs.values()))
-        logits = F.linear(h.reshape(-1, w.shape[1]), w, getattr(mod, "bias", None))
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+        probs = torch.softmax(self.gate_logits(mod, args, kwargs), dim=-1, dtype=torch.float)
         top = probs.gather(1, forced.long())
         norm = getattr(mod, "norm_topk_prob", None)
         if norm is None:
@@ -1071,17 +1087,6 @@ class ForcedRouting:
         out[i_w[0]] = top.to(wts.dtype).reshape(wts.shape)
         self.fired.add(layer)
         return type(output)(out) if isinstance(output, tuple) else out
-
-    def __enter__(self):
-        for layer, _, gate, k in self.blocks:
-            self.handles.append(gate.register_forward_hook(self._hook(layer, k), with_kwargs=True))
-        return self
-
-    def __exit__(self, *exc):
-        for h in self.handles:
-            h.remove()
-        self.handles = []
-        self.routes = None
 
 
 def teacher_forced(model, prompts, gen_toks, device, routing=None, force=None):
