@@ -493,9 +493,7 @@ static bool run_invariance(const char* name, int Hq, int Hkv, int D, int max_chu
 // so a row's tile, its place in the tile, the tile's first / last key tile and its warp slot all
 // change with the cut: fully masked key tiles must add exact zeros with a rescale of exactly 1.
 // The negative control scales the scores of later schedules by 1 + 2^-12: it must differ.
-struct DDPiece {
-    int seq, start, count;  // rows start .. start+count-1 of sequence seq (its keys 0 .. start+count-1)
-};
+using DDPiece = InvariancePiece;
 using DDSchedule = std::vector<std::vector<DDPiece>>;  // steps
 
 static bool run_dd_row_invariance(const char* name, int Hq, int Hkv, int D, int window, const std::vector<int>& lens,
@@ -504,12 +502,7 @@ static bool run_dd_row_invariance(const char* name, int Hq, int Hkv, int D, int 
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.f, 1.f);
     InvariancePool ip(rng, nd, lens, Hq, Hkv, D, layers, layer, pt);
-    const size_t row = ip.row, page_elems = ip.page_elems;
-    const int max_pages = ip.max_pages, total_pages = ip.total_pages, q_stride = ip.q_stride;
-    auto& pages = ip.pages;
-    auto& pool = ip.pool;
-    auto& Q = ip.Q;  // [pos][Hq·D]
-    (void)total_pages;
+    const int max_pages = ip.max_pages, q_stride = ip.q_stride;
     const float scale = 1.0f / std::sqrt((float)D);
     std::vector<std::vector<std::vector<uint16_t>>> first(S);  // (seq, pos) -> bits of its first result
     for (int s = 0; s < S; ++s) first[s].resize(lens[s]);
@@ -519,27 +512,15 @@ static bool run_dd_row_invariance(const char* name, int Hq, int Hkv, int D, int 
         const float sc_step = control && si > 0 ? scale * (1.0f + 0x1p-12f) : scale;
         for (const auto& step : schedules[si]) {
             ++steps;
-            const int Sb = (int)step.size() + 1;  // + a padded sequence (no tokens)
-            int n = 0;
-            for (auto& pc : step) n += pc.count;
-            const int T = n + 1;  // + a padded token
-            std::vector<int> bt((size_t)Sb * max_pages, -1), sl, qs{0};
-            std::vector<uint16_t> qkv((size_t)T * q_stride, bf(1.f));
+            // + a padded sequence (no tokens) and a padded token (the last row, n)
+            const InvarianceStep in = ip.step(step, pt, Hq, D, true, bf(1.f));
+            const int Sb = in.Sb, T = in.T, n = T - 1;
+            const std::vector<int>&bt = in.bt, &sl = in.sl, &qs = in.qs;
             int t = 0;
-            for (size_t i = 0; i < step.size(); ++i) {
-                const DDPiece& pc = step[i];
-                for (int j = 0; j < cdiv(pc.start + pc.count, pt); ++j) bt[i * max_pages + j] = pages[pc.seq][j];
-                sl.push_back(pc.start + pc.count);
-                qs.push_back(qs.back() + pc.count);
-                for (int r = 0; r < pc.count; ++r, ++t)
-                    std::copy_n(&Q[pc.seq][(size_t)(pc.start + r) * Hq * D], Hq * D, &qkv[(size_t)t * q_stride]);
-            }
-            qs.push_back(qs.back());
-            sl.push_back(0);
             std::vector<uint16_t> out((size_t)T * Hq * D, BF_NAN);
             // odd schedules: a grid of 3 CTAs per kv head (grid-stride over the work items)
-            emu_attention(D, reinterpret_cast<kern::bf16*>(out.data()), reinterpret_cast<const kern::bf16*>(qkv.data()),
-                          reinterpret_cast<const kern::bf16*>(pool.data()), bt.data(), sl.data(), qs.data(), Sb, T, max_pages,
+            emu_attention(D, reinterpret_cast<kern::bf16*>(out.data()), reinterpret_cast<const kern::bf16*>(in.qkv.data()),
+                          reinterpret_cast<const kern::bf16*>(ip.pool.data()), bt.data(), sl.data(), qs.data(), Sb, T, max_pages,
                           q_stride, Hq, Hkv, layer, layers, pt, sc_step, window, si % 2 ? 3u : 0u);
             for (int e = 0; e < Hq * D; ++e) bad += out[(size_t)n * Hq * D + e] != 0 && out[(size_t)n * Hq * D + e] != 0x8000;
             t = 0;

@@ -41,6 +41,20 @@ inline void emu_attention(int D, kern::bf16* out, const kern::bf16* q, const ker
 #include <algorithm>
 #include <random>
 #include <vector>
+// One piece of an invariance schedule's step: rows start .. start+count-1 of sequence seq (its
+// keys 0 .. start+count-1).
+struct InvariancePiece {
+    int seq, start, count;
+};
+
+// One step's inputs built from its pieces (InvariancePool::step): block tables, sequence lengths,
+// query starts and the qkv rows (q only; k and v come from the pool).
+struct InvarianceStep {
+    int Sb, T;
+    std::vector<int> bt, sl, qs;
+    std::vector<uint16_t> qkv;
+};
+
 struct InvariancePool {
     size_t row, page_elems;
     int max_pages = 0, total_pages = 0, q_stride;
@@ -70,5 +84,31 @@ struct InvariancePool {
                     for (size_t e = 0; e < row; ++e)
                         pool[pages[s][p / pt] * page_elems + ((size_t)(layer * 2 + kv) * pt + p % pt) * row + e] = __float2bfloat16_rn(nd(rng)).x;
         }
+    }
+    // A step of these pieces, in order; `pad`: one more sequence with no tokens and one more token
+    // (the decode kernels' padding); qkv rows not written hold `fill`.
+    InvarianceStep step(const std::vector<InvariancePiece>& pieces, int pt, int Hq, int D, bool pad, uint16_t fill) const {
+        InvarianceStep st;
+        int n = 0;
+        for (const auto& pc : pieces) n += pc.count;
+        st.Sb = (int)pieces.size() + (pad ? 1 : 0);
+        st.T = n + (pad ? 1 : 0);
+        st.bt.assign((size_t)st.Sb * max_pages, -1);
+        st.qs = {0};
+        st.qkv.assign((size_t)st.T * q_stride, fill);
+        int t = 0;
+        for (size_t i = 0; i < pieces.size(); ++i) {
+            const InvariancePiece& pc = pieces[i];
+            for (int j = 0; j < (pc.start + pc.count + pt - 1) / pt; ++j) st.bt[i * max_pages + j] = pages[pc.seq][j];
+            st.sl.push_back(pc.start + pc.count);
+            st.qs.push_back(st.qs.back() + pc.count);
+            for (int r = 0; r < pc.count; ++r, ++t)
+                std::copy_n(&Q[pc.seq][(size_t)(pc.start + r) * Hq * D], Hq * D, &st.qkv[(size_t)t * q_stride]);
+        }
+        if (pad) {
+            st.qs.push_back(st.qs.back());
+            st.sl.push_back(0);
+        }
+        return st;
     }
 };

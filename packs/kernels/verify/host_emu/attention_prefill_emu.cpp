@@ -231,9 +231,7 @@ bool run_case(const Case& c, unsigned seed) {
 // other sequences share the step. Sequences with fixed K / V / Q per position; the same rows
 // computed under several schedules (one chunk; chunks cut at other places; behind other
 // sequences; as one-token rows in steps with prefill chunks) must be bit-identical.
-struct Piece {
-    int seq, start, count;  // rows start .. start+count-1 of sequence seq (its keys 0 .. start+count-1)
-};
+using Piece = InvariancePiece;
 
 bool run_invariance(const char* name, int Hq, int Hkv, int D, int window, const std::vector<int>& lens,
                     const std::vector<std::vector<std::vector<Piece>>>& schedules, unsigned seed, bool control = false) {
@@ -241,12 +239,7 @@ bool run_invariance(const char* name, int Hq, int Hkv, int D, int window, const 
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.f, 1.f);
     InvariancePool ip(rng, nd, lens, Hq, Hkv, D, layers, layer, pt);
-    const size_t row = ip.row, page_elems = ip.page_elems;
-    const int max_pages = ip.max_pages, total_pages = ip.total_pages, q_stride = ip.q_stride;
-    auto& pages = ip.pages;
-    auto& pool = ip.pool;
-    auto& Q = ip.Q;  // [pos][Hq·D]
-    (void)total_pages;
+    const int max_pages = ip.max_pages, q_stride = ip.q_stride;
     const float scale = 1.0f / std::sqrt((float)D);
     // (seq, pos) -> the row's Hq·D output bits, from the first schedule that computed it
     std::vector<std::vector<std::vector<uint16_t>>> first(S);
@@ -258,25 +251,15 @@ bool run_invariance(const char* name, int Hq, int Hkv, int D, int window, const 
         const float sc_step = control && si > 0 ? scale * (1.0f + 0x1p-12f) : scale;
         for (const auto& step : schedules[si]) {
             ++steps;
-            const int Sb = (int)step.size();
-            int T = 0;
-            for (auto& pc : step) T += pc.count;
-            std::vector<int> bt((size_t)Sb * max_pages, -1), sl, qs{0};
-            std::vector<uint16_t> qkv((size_t)T * q_stride, 0);
+            const InvarianceStep in = ip.step(step, pt, Hq, D, false, 0);
+            const int Sb = in.Sb, T = in.T;
+            const std::vector<int>&bt = in.bt, &sl = in.sl, &qs = in.qs;
             int t = 0;
-            for (int i = 0; i < Sb; ++i) {
-                const Piece& pc = step[i];
-                for (int j = 0; j < cdiv(pc.start + pc.count, pt); ++j) bt[(size_t)i * max_pages + j] = pages[pc.seq][j];
-                sl.push_back(pc.start + pc.count);
-                qs.push_back(qs.back() + pc.count);
-                for (int r = 0; r < pc.count; ++r, ++t)
-                    std::copy_n(&Q[pc.seq][(size_t)(pc.start + r) * Hq * D], Hq * D, &qkv[(size_t)t * q_stride]);
-            }
             std::vector<uint16_t> out((size_t)T * Hq * D, BF_NAN);
             const unsigned gx = (unsigned)(cdiv(T, 64 / G) + Sb);
             auto* op = reinterpret_cast<kern::bf16*>(out.data());
-            auto* qp = reinterpret_cast<const kern::bf16*>(qkv.data());
-            auto* kvp = reinterpret_cast<const kern::bf16*>(pool.data());
+            auto* qp = reinterpret_cast<const kern::bf16*>(in.qkv.data());
+            auto* kvp = reinterpret_cast<const kern::bf16*>(ip.pool.data());
             emu_launch(uint3_{gx, (unsigned)Hkv, 1}, 128, [&] {
                 if (D == 128)
                     attention_prefill_d128(op, qp, kvp, bt.data(), sl.data(), qs.data(), Sb, T, max_pages, q_stride, Hq, Hkv,
